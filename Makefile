@@ -1,0 +1,35 @@
+# Each target creates .venv on first use and reuses it after; nothing else needs installing by hand.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml plugins/mlgym-registry-example/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# the CPU build of torch first, so that nothing later reaches for a multi-GB CUDA build
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet -e '.[test]' -e plugins/mlgym-registry-example
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/mlgym-registry run prisonersDilemma --policy scripted --seed 0 --out runs/demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench plugins
+	# pytest exits 5 when it collects no test: report it instead of failing the target on it
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench plugins
+
+bench: $(STAMP)
+	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,57 @@
+"""mlgym_registry: turn an MLGym task name into a ready-to-train TorchRL environment for LLM agents.
+
+    from mlgym_registry import registry
+    env = registry.make("prisonersDilemma")
+
+Importing this package is cheap: torch, torchrl and tensordict load only when an env is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import (
+    BackendUnavailable,
+    DuplicateNameError,
+    FormatError,
+    InvalidOverrideError,
+    InvalidTaskError,
+    MLGymRegistryError,
+    PluginLoadError,
+    UnknownNameError,
+)
+from .hookspecs import hookimpl
+from .registry import Registry, registry
+from .specs import ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailable",
+    "ComponentSpec",
+    "DuplicateNameError",
+    "FormatError",
+    "InvalidOverrideError",
+    "InvalidTaskError",
+    "MLGymRegistryError",
+    "PluginLoadError",
+    "Registry",
+    "ResolvedTask",
+    "TaskSpec",
+    "UnknownNameError",
+    "hookimpl",
+    "load_task_yaml",
+    "make",
+    "registry",
+    "spec",
+]
+
+
+def make(name: Any = None, **kwargs: Any):
+    """Shorthand for ``registry.make``."""
+    return registry.make(name, **kwargs)
+
+
+def spec(name: Any) -> TaskSpec:
+    """Shorthand for ``registry.spec``."""
+    return registry.spec(name)

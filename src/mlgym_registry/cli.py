@@ -1,0 +1,133 @@
+"""The ``mlgym-registry`` command: list, info, plugins (here) and the episode commands (run, replay, check).
+
+Exit codes: 0 success, 1 the command ran and failed (e.g. a check did not pass), 2 bad usage or unknown name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import MLGymRegistryError
+from .registry import registry
+from .specs import KINDS
+
+EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("mlgym_registry.commands.run", "run an episode of a task with a policy and record it"),
+    "replay": ("mlgym_registry.commands.replay", "replay a recorded MLGym .traj through our env and report"),
+    "check": ("mlgym_registry.commands.check", "check a task: files, evaluator, baseline"),
+}
+"""Sub-commands that live in their own modules, each with ``add_arguments(parser)`` and ``main(args) -> int``.
+A module is imported only when its command is the one asked for, so ``list`` stays fast."""
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print every registered name (of one kind with ``--kind``): name, kind, provider, description."""
+    rows = [c.to_dict() for c in registry.describe(args.kind)]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("nothing registered" + (f" of kind {args.kind!r}" if args.kind else ""))
+        return 0
+    widths = [max(len(str(r[k] or "")) for r in rows) for k in ("name", "kind", "distribution")]
+    for row in rows:
+        name, kind, dist = (str(row[k] or "") for k in ("name", "kind", "distribution"))
+        line = f"{name:<{widths[0]}}  {kind:<{widths[1]}}  {dist:<{widths[2]}}  {row['description']}"
+        print(line.rstrip())
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Print a task's resolved spec and its components (or one component with ``--kind``)."""
+    if args.kind and args.kind != "task":
+        print(_dump(registry.entry(args.kind, args.name).info().to_dict(), args.json))
+        return 0
+    spec = registry.spec(args.name)
+    components = {kind: registry.entry(kind, getattr(spec, kind)).info().to_dict() for kind in spec.components}
+    print(_dump({"task": spec.to_dict(), "components": components}, args.json))
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    """Print the loaded plugins, the hooks each implements and any load error."""
+    plugins = registry.plugins()
+    if args.json:
+        print(json.dumps(plugins, indent=2))
+    else:
+        for plugin in plugins:
+            origin = plugin["distribution"] or "-"
+            if plugin["version"]:
+                origin += f" {plugin['version']}"
+            status = f"ERROR: {plugin['error']}" if plugin["error"] else ", ".join(plugin["hooks"])
+            print(f"{plugin['name']}  [{origin}]  {status}")
+    return 1 if any(p["error"] for p in plugins) and args.strict else 0
+
+
+def _dump(data: dict[str, Any], as_json: bool) -> str:
+    if as_json:
+        return json.dumps(data, indent=2)
+    lines = []
+    for key, value in data.items():
+        lines.append(f"{key}:")
+        for sub_key, sub_value in (value.items() if isinstance(value, dict) else [("", value)]):
+            if sub_value in (None, "", [], {}):
+                continue
+            text = json.dumps(sub_value) if not isinstance(sub_value, str) else sub_value
+            if "\n" in text:
+                text = text.strip().splitlines()[0] + " ..."
+            lines.append(f"  {sub_key}: {text}")
+    return "\n".join(lines)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``mlgym-registry`` (``command``: the extra command whose module to import)."""
+    parser = argparse.ArgumentParser(prog="mlgym-registry", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="list registered tasks and components")
+    p.add_argument("--kind", choices=KINDS, help="only this kind")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("info", help="show a task's resolved spec and components")
+    p.add_argument("name")
+    p.add_argument("--kind", choices=KINDS, help="look NAME up as this kind (default: task)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("plugins", help="show loaded plugins, their hooks and load errors")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--strict", action="store_true", help="exit 1 when any plugin failed to load")
+    p.set_defaults(func=cmd_plugins)
+
+    for name, (module_name, help_text) in EXTRA_COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == command:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(func=module.main)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mlgym-registry`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MLGymRegistryError as exc:
+        print(f"mlgym-registry: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mlgym-registry: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

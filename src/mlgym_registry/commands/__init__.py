@@ -1,0 +1,1 @@
+"""Sub-commands of ``mlgym-registry`` that run episodes: run, replay, check."""

@@ -1,0 +1,1 @@
+"""The default plugin set: parsers, prompt templates, reward assigners and action isolators."""

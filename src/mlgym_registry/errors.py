@@ -1,0 +1,89 @@
+"""Error classes. Each one names the thing that went wrong and, where there is one, the fix."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class MLGymRegistryError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class UnknownNameError(MLGymRegistryError, KeyError):
+    """A name that no plugin registered. Also a ``KeyError`` so ``except KeyError`` keeps working."""
+
+    def __init__(self, kind: str, name: str, known: Iterable[str], hint: str | None = None):
+        self.kind = kind
+        self.name = name
+        self.known = sorted(known)
+        self.suggestions = difflib.get_close_matches(name, self.known, n=3, cutoff=0.6)
+        if not self.suggestions:
+            lowered = {k.lower(): k for k in self.known}
+            self.suggestions = [lowered[k] for k in difflib.get_close_matches(name.lower(), list(lowered), n=3)]
+        message = f"unknown {kind} {name!r}."
+        if self.suggestions:
+            message += " Did you mean " + " or ".join(repr(s) for s in self.suggestions) + "?"
+        elif self.known:
+            shown = ", ".join(self.known[:12]) + (", ..." if len(self.known) > 12 else "")
+            message += f" Registered {kind}s: {shown}."
+        else:
+            message += f" No {kind} is registered."
+        if hint:
+            message += f" {hint}"
+        super().__init__(message)
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0])
+
+
+class DuplicateNameError(MLGymRegistryError):
+    """Two providers registered the same name for one kind."""
+
+    def __init__(self, kind: str, name: str, first: str, second: str):
+        self.kind, self.name, self.first, self.second = kind, name, first, second
+        super().__init__(
+            f"{kind} {name!r} is registered by both {first} and {second}. Uninstall or block one of them "
+            f"(MLGYM_REGISTRY_BLOCK_PLUGINS), or let the newer one register with replace=True."
+        )
+
+
+class PluginLoadError(MLGymRegistryError):
+    """A plugin failed to import, or raised inside one of its hooks."""
+
+    def __init__(self, plugin: str, distribution: str | None, entry_point: str | None, cause: BaseException):
+        self.plugin, self.distribution, self.entry_point, self.cause = plugin, distribution, entry_point, cause
+        where = f"plugin {plugin!r}"
+        if distribution:
+            where += f" from distribution {distribution!r}"
+        if entry_point:
+            where += f" (entry point {entry_point!r})"
+        super().__init__(
+            f"Error loading {where}: {type(cause).__name__}: {cause}. Fix or uninstall that distribution, or block it "
+            f"with MLGYM_REGISTRY_BLOCK_PLUGINS={distribution or plugin}."
+        )
+
+
+class InvalidOverrideError(MLGymRegistryError, TypeError):
+    """``make()`` was given a keyword it does not know."""
+
+    def __init__(self, unknown: Iterable[str], valid: Iterable[str]):
+        self.unknown = sorted(unknown)
+        self.valid = sorted(valid)
+        hints = []
+        for key in self.unknown:
+            close = difflib.get_close_matches(key, self.valid, n=1)
+            hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+        super().__init__(f"unknown override(s) {', '.join(hints)}. Valid overrides: {', '.join(self.valid)}.")
+
+
+class InvalidTaskError(MLGymRegistryError, ValueError):
+    """A task file or task spec that cannot be used as it is."""
+
+
+class FormatError(MLGymRegistryError, ValueError):
+    """The model's response holds no usable action (no fenced code block, or more than the parser allows)."""
+
+
+class BackendUnavailable(MLGymRegistryError, RuntimeError):
+    """A backend that cannot run on this machine; the message says what is missing and how to get it."""

@@ -1,0 +1,196 @@
+"""Plugin loading: the package's own defaults first, then each ``mlgym_registry`` entry point on its own.
+
+A plugin that fails to import, or raises in a hook, is recorded as a ``PluginLoadError`` (and warned about) and its
+registrations are dropped; the others still load. ``MLGYM_REGISTRY_STRICT=1`` raises instead.
+
+Environment variables:
+
+- ``MLGYM_REGISTRY_LOAD_PLUGINS``: comma list of distributions whose entry points load (empty string: none).
+- ``MLGYM_REGISTRY_BLOCK_PLUGINS``: comma list of distributions, entry-point names or built-in modules not to load.
+- ``MLGYM_REGISTRY_STRICT``: ``1`` turns load errors into exceptions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .errors import DuplicateNameError, PluginLoadError
+
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "mlgym_registry.components.plugin",
+    "mlgym_registry.backends.plugin",
+    "mlgym_registry.tasks.plugin",
+    "mlgym_registry.tasks.mlgym_source",
+)
+"""The package's own plugins, registered exactly like third-party ones, before any entry point."""
+
+HOOKS_BY_KIND: dict[str, str] = {
+    "task": "register_tasks",
+    "backend": "register_backends",
+    "parser": "register_parsers",
+    "template": "register_templates",
+    "reward": "register_reward_assigners",
+    "isolator": "register_action_isolators",
+}
+
+BUILTIN_DISTRIBUTION = "mlgym-registry"
+
+
+@dataclass
+class Registration:
+    """One ``register(name, obj_or_ref, **meta)`` call, kept until its plugin has loaded without error."""
+
+    kind: str
+    name: str
+    obj: Any
+    meta: dict[str, Any]
+    plugin: str
+    distribution: str | None
+
+
+@dataclass
+class PluginInfo:
+    """What ``registry.plugins()`` reports about one plugin."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    entry_point: str | None = None
+    builtin: bool = False
+    hooks: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dict(self.__dict__)
+
+
+def env_list(variable: str) -> set[str] | None:
+    """The comma list in ``variable`` as a set (None when the variable is unset)."""
+    value = os.environ.get(variable)
+    if value is None:
+        return None
+    return {item.strip() for item in value.split(",") if item.strip()}
+
+
+def strict_mode() -> bool:
+    """True when ``MLGYM_REGISTRY_STRICT`` asks for load errors to raise."""
+    return os.environ.get("MLGYM_REGISTRY_STRICT", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _normalise(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+def iter_entry_points() -> Iterator[metadata.EntryPoint]:
+    """Entry points of group ``mlgym_registry``, one per (distribution, name)."""
+    seen: set[tuple[str | None, str]] = set()
+    for ep in metadata.entry_points(group=hookspecs.PROJECT_NAME):
+        dist = ep.dist.name if ep.dist is not None else None
+        if (dist, ep.name) not in seen:
+            seen.add((dist, ep.name))
+            yield ep
+
+
+def new_plugin_manager() -> pluggy.PluginManager:
+    """A pluggy manager that knows our hook specification."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+class PluginLoader:
+    """Loads plugins into a pluggy manager and hands their registrations to ``sink``.
+
+    ``sink(registration)`` stores a registration and raises ``DuplicateNameError`` when the name is taken.
+    """
+
+    def __init__(self, sink: Callable[[Registration], None]):
+        self.pm = new_plugin_manager()
+        self.sink = sink
+        self.infos: list[PluginInfo] = []
+        self.errors: list[PluginLoadError] = []
+
+    def load_all(self) -> None:
+        """Load the built-in plugins, then every allowed entry point."""
+        blocked = {_normalise(n) for n in env_list("MLGYM_REGISTRY_BLOCK_PLUGINS") or set()}
+        allowed = env_list("MLGYM_REGISTRY_LOAD_PLUGINS")
+        allowed = None if allowed is None else {_normalise(n) for n in allowed}
+        for module_name in DEFAULT_PLUGINS:
+            if _normalise(module_name) in blocked:
+                continue
+            info = PluginInfo(name=module_name, distribution=BUILTIN_DISTRIBUTION, builtin=True)
+            self._load(info, lambda module_name=module_name: importlib.import_module(module_name))
+        for ep in iter_entry_points():
+            dist = ep.dist.name if ep.dist is not None else None
+            names = {_normalise(ep.name)} | ({_normalise(dist)} if dist else set())
+            if names & blocked:
+                continue
+            if allowed is not None and not (dist and _normalise(dist) in allowed):
+                continue
+            version = ep.dist.version if ep.dist is not None else None
+            info = PluginInfo(name=ep.name, distribution=dist, version=version, entry_point=f"{ep.name} = {ep.value}")
+            self._load(info, ep.load)
+
+    def load_object(self, plugin: object, name: str, distribution: str | None = None) -> PluginInfo:
+        """Register an already-imported plugin object (tests, notebooks)."""
+        info = PluginInfo(name=name, distribution=distribution)
+        self._load(info, lambda: plugin)
+        return info
+
+    def _load(self, info: PluginInfo, importer: Callable[[], object]) -> None:
+        self.infos.append(info)
+        plugin = None
+        try:
+            plugin = importer()
+            if self.pm.is_registered(plugin):
+                info.error = "already registered under another name"
+                return
+            self.pm.register(plugin, name=f"{info.distribution}:{info.name}")
+            pending = self._collect(plugin, info)
+        except Exception as exc:  # noqa: BLE001 - any failure of a plugin is that plugin's, not ours
+            if plugin is not None and self.pm.is_registered(plugin):
+                self.pm.unregister(plugin)
+            self._fail(info, exc)
+            return
+        for registration in pending:
+            try:
+                self.sink(registration)
+            except DuplicateNameError as exc:
+                self._fail(info, exc)
+
+    def _collect(self, plugin: object, info: PluginInfo) -> list[Registration]:
+        """Call each of ``plugin``'s hooks on its own and gather what it registers."""
+        pending: list[Registration] = []
+        for kind, hook_name in HOOKS_BY_KIND.items():
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                if impl.plugin is not plugin:
+                    continue
+                info.hooks.append(hook_name)
+
+                def register(name: str, obj_or_ref: Any, _kind: str = kind, **meta: Any) -> None:
+                    if not isinstance(name, str) or not name:
+                        raise TypeError(f"register() needs a non-empty string name, got {name!r}")
+                    pending.append(Registration(_kind, name, obj_or_ref, meta, info.name, info.distribution))
+
+                impl.function(**{arg: register for arg in impl.argnames})
+        return pending
+
+    def _fail(self, info: PluginInfo, exc: Exception) -> None:
+        if strict_mode():
+            raise exc if isinstance(exc, DuplicateNameError) else PluginLoadError(
+                info.name, info.distribution, info.entry_point, exc
+            ) from exc
+        error = PluginLoadError(info.name, info.distribution, info.entry_point, exc)
+        info.error = str(error)
+        self.errors.append(error)
+        warnings.warn(str(error), RuntimeWarning, stacklevel=4)

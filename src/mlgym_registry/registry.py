@@ -1,0 +1,366 @@
+"""The registry: names of tasks and components, resolved into specs and built into envs.
+
+Nothing here imports torch, torchrl or tensordict: listing and resolving names stays fast. Only ``make`` reaches for
+``chain.build_env``, which does.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, UnknownNameError
+from .plugins import BUILTIN_DISTRIBUTION, PluginInfo, PluginLoader, Registration
+from .specs import COMPONENT_KINDS, KINDS, ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
+
+SPEC_OVERRIDES = ("max_steps",)
+"""``make`` keywords that change the task spec itself (besides the component names)."""
+
+
+@dataclass
+class Entry:
+    """A registered name: where it came from, and the object once imported and built."""
+
+    kind: str
+    name: str
+    target: Any
+    plugin: str | None = None
+    distribution: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    built: Any = None
+    is_built: bool = False
+
+    @property
+    def ref(self) -> str | None:
+        """An importable ``"module:attr"`` (or task file path) for this entry, when there is one."""
+        return reference_of(self.target)
+
+    def info(self) -> ComponentSpec:
+        """The public description of this entry."""
+        meta = {k: v for k, v in self.meta.items() if k not in ("description", "replace")}
+        return ComponentSpec(
+            kind=self.kind,
+            name=self.name,
+            ref=self.ref,
+            distribution=self.distribution,
+            plugin=self.plugin,
+            description=self.description(),
+            meta=meta,
+        )
+
+    def description(self) -> str:
+        """A one-line description: the registered one, or the first docstring line of an already-imported object."""
+        text = self.meta.get("description")
+        if not text and self.is_built and isinstance(self.built, TaskSpec):
+            text = self.built.name
+        if not text and not isinstance(self.target, (str, Path)):
+            text = inspect.getdoc(self.target) or ""
+        return (text or "").strip().splitlines()[0] if text and text.strip() else ""
+
+
+def reference_of(obj: Any) -> str | None:
+    """``obj`` as a lazy reference string when it is one or can be imported back by name, else None."""
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, str):
+        return obj
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if module and qualname and "<" not in qualname and module != "__main__":
+        return f"{module}:{qualname}"
+    return None
+
+
+def is_task_file(target: Any) -> bool:
+    """True when ``target`` names a task YAML file rather than a ``module:attr`` reference."""
+    return isinstance(target, Path) or (isinstance(target, str) and target.endswith((".yaml", ".yml")))
+
+
+def import_reference(ref: str) -> Any:
+    """Import ``"package.module:attr.sub"`` (or a bare module path) and return the object."""
+    module_name, _, attr_path = ref.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in filter(None, attr_path.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_component(kind: str, obj: Any) -> Any:
+    """Turn what a plugin registered into the component ``get`` returns (classes and template factories are called)."""
+    if kind == "backend":
+        return obj
+    if kind == "task":
+        if isinstance(obj, TaskSpec):
+            return obj
+        if is_task_file(obj):
+            return load_task_yaml(obj)
+        if callable(obj):
+            spec = obj()
+            if not isinstance(spec, TaskSpec):
+                raise InvalidTaskError(f"task factory {reference_of(obj)!r} returned {type(spec).__name__}, not TaskSpec")
+            return spec
+        if isinstance(obj, dict):
+            return TaskSpec.from_dict(obj)
+        raise InvalidTaskError(f"cannot build a task from {type(obj).__name__}; register a TaskSpec, a YAML path or a factory")
+    if inspect.isclass(obj) or (kind == "template" and callable(obj)):
+        return obj()
+    return obj
+
+
+class Registry:
+    """Named tasks and components of six kinds: ``task``, ``backend``, ``parser``, ``template``, ``reward``, ``isolator``.
+
+    Plugins load on first use. ``make`` resolves a task name plus overrides into a built TorchRL env.
+    """
+
+    def __init__(self, *, load_plugins: bool = True):
+        self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+        self._load_plugins = load_plugins
+        self._loader: PluginLoader | None = None
+        self._lock = threading.RLock()
+
+    # -- loading -------------------------------------------------------------------------------------------------
+    def _ensure_loaded(self) -> None:
+        if self._loader is not None:
+            return
+        with self._lock:
+            if self._loader is not None:
+                return
+            loader = PluginLoader(self._store)
+            self._loader = loader
+            if self._load_plugins:
+                try:
+                    loader.load_all()
+                except BaseException:
+                    self._loader = None
+                    raise
+
+    def reload(self) -> None:
+        """Forget every plugin registration and load the plugins again (after installing one, or changing env vars)."""
+        with self._lock:
+            self._entries = {kind: {} for kind in KINDS}
+            self._loader = None
+        self._ensure_loaded()
+
+    def _store(self, reg: Registration) -> None:
+        self._check_kind(reg.kind)
+        entries = self._entries[reg.kind]
+        existing = entries.get(reg.name)
+        if existing is not None and not reg.meta.get("replace"):
+            raise DuplicateNameError(reg.kind, reg.name, _provider(existing), _provider(reg))
+        if existing is not None:
+            reg.meta.setdefault("replaces", _provider(existing))
+        entries[reg.name] = Entry(reg.kind, reg.name, reg.obj, reg.plugin, reg.distribution, dict(reg.meta))
+
+    @staticmethod
+    def _check_kind(kind: str) -> None:
+        if kind not in KINDS:
+            raise UnknownNameError("kind", kind, KINDS)
+
+    # -- public API ----------------------------------------------------------------------------------------------
+    def register(self, kind: str, name: str, obj_or_ref: Any, *, replace: bool = False, **meta: Any) -> None:
+        """Register ``obj_or_ref`` (an object or a lazy ``"module:attr"``) as ``name`` of ``kind`` in this process.
+
+        Raises ``DuplicateNameError`` when the name is taken, unless ``replace=True``.
+        """
+        self._ensure_loaded()
+        meta = {**meta, "replace": replace}
+        self._store(Registration(kind, name, obj_or_ref, meta, plugin="<register()>", distribution=None))
+
+    def unregister(self, kind: str, name: str) -> None:
+        """Remove ``name`` of ``kind`` (tests use this to clean up after ``register``)."""
+        self._ensure_loaded()
+        self._check_kind(kind)
+        self._entries[kind].pop(name, None)
+
+    def add_plugin(self, plugin: object, name: str | None = None, distribution: str | None = None) -> PluginInfo:
+        """Load an in-process plugin object (a module or class with ``@hookimpl`` functions) as if it were installed."""
+        self._ensure_loaded()
+        assert self._loader is not None
+        return self._loader.load_object(plugin, name or getattr(plugin, "__name__", repr(plugin)), distribution)
+
+    def remove_plugin(self, name: str) -> None:
+        """Undo ``add_plugin``: drop the plugin and every name it registered."""
+        self._ensure_loaded()
+        assert self._loader is not None
+        for entries in self._entries.values():
+            for key in [k for k, e in entries.items() if e.plugin == name]:
+                del entries[key]
+        for plugin_name, plugin in list(self._loader.pm.list_name_plugin()):
+            if plugin_name.endswith(f":{name}"):
+                self._loader.pm.unregister(plugin)
+        self._loader.infos = [i for i in self._loader.infos if i.name != name]
+
+    def names(self, kind: str) -> list[str]:
+        """The sorted names registered for ``kind``."""
+        self._ensure_loaded()
+        self._check_kind(kind)
+        return sorted(self._entries[kind])
+
+    def entry(self, kind: str, name: str) -> Entry:
+        """The registration behind ``name`` of ``kind``; ``UnknownNameError`` (with close matches) if there is none."""
+        self._ensure_loaded()
+        self._check_kind(kind)
+        try:
+            return self._entries[kind][name]
+        except KeyError:
+            raise UnknownNameError(kind, name, self._entries[kind], self._unknown_hint(kind, name)) from None
+
+    def describe(self, kind: str | None = None) -> list[ComponentSpec]:
+        """Every registration (of ``kind``, or of all kinds) as ``ComponentSpec`` rows, sorted by kind and name."""
+        kinds = KINDS if kind is None else (kind,)
+        return [self.entry(k, n).info() for k in kinds for n in self.names(k)]
+
+    def get(self, kind: str, name: str) -> Any:
+        """The component registered as ``name`` of ``kind``, imported and built (tasks come back as a fresh copy)."""
+        entry = self.entry(kind, name)
+        with self._lock:
+            if not entry.is_built:
+                target = entry.target
+                if isinstance(target, str) and not (kind == "task" and is_task_file(target)):
+                    target = import_reference(target)
+                entry.built = build_component(kind, target)
+                entry.is_built = True
+        return copy.deepcopy(entry.built) if kind == "task" else entry.built
+
+    def spec(self, name: str | TaskSpec | dict[str, Any]) -> TaskSpec:
+        """The ``TaskSpec`` of a task, with lazy references to its components filled in ``components``.
+
+        ``name`` may also be a ``TaskSpec`` or its ``to_dict()``: that is how a worker rebuilds an env from a spec.
+        """
+        if isinstance(name, TaskSpec):
+            spec = copy.deepcopy(name)
+        elif isinstance(name, dict):
+            spec = TaskSpec.from_dict(name)
+        else:
+            spec = self.get("task", name)
+        return self._with_component_refs(spec)
+
+    def _with_component_refs(self, spec: TaskSpec) -> TaskSpec:
+        self._ensure_loaded()
+        refs = dict(spec.components)
+        for kind in COMPONENT_KINDS:
+            name = getattr(spec, kind)
+            entry = self._entries[kind].get(name)
+            ref = entry.ref if entry is not None else None
+            if ref is not None:
+                refs[kind] = ref
+        spec.components = refs
+        return spec
+
+    def component(self, spec: TaskSpec, kind: str) -> Any:
+        """The component ``spec`` names for ``kind``; falls back to ``spec.components`` refs in a fresh worker."""
+        name = getattr(spec, kind)
+        if name in self._entries[kind] or kind not in spec.components:
+            return self.get(kind, name)
+        return build_component(kind, import_reference(spec.components[kind]))
+
+    def resolve(self, name: str | TaskSpec | dict[str, Any], **overrides: Any) -> tuple[ResolvedTask, dict[str, Any]]:
+        """Resolve a task and ``make`` overrides into a ``ResolvedTask`` and the remaining chain options."""
+        from .chain import CHAIN_OPTIONS
+
+        spec = self.spec(name)
+        changes = {k: overrides.pop(k) for k in list(overrides) if k in COMPONENT_KINDS + SPEC_OVERRIDES}
+        if changes:
+            spec = self._with_component_refs(spec.replace(**{**changes, "components": {}}))
+        backend_factory = self.component(spec, "backend")
+        backend_options = {**spec.backend_options, **overrides.pop("backend_options", {})}
+        accepted = backend_option_names(backend_factory)
+        chain_options = {k: overrides.pop(k) for k in list(overrides) if k in CHAIN_OPTIONS}
+        if accepted is None:
+            backend_options.update(overrides)
+        else:
+            unknown = set(overrides) - accepted
+            if unknown:
+                valid = set(CHAIN_OPTIONS) | set(COMPONENT_KINDS) | set(SPEC_OVERRIDES) | accepted | {"backend_options"}
+                raise InvalidOverrideError(unknown, valid)
+            backend_options.update(overrides)
+        resolved = ResolvedTask(
+            spec=spec,
+            backend_factory=backend_factory,
+            parser=self.component(spec, "parser"),
+            template=self.component(spec, "template"),
+            reward=self.component(spec, "reward"),
+            isolator=self.component(spec, "isolator"),
+            backend_options=backend_options,
+        )
+        return resolved, chain_options
+
+    def make(self, name: str | TaskSpec | dict[str, Any] | None = None, *, tasks: Iterable[Any] | None = None, **overrides: Any):
+        """Build the TorchRL env of a task (or of several, sampled on each reset, with ``tasks=[...]``).
+
+        Overrides replace what the spec names (``backend=``, ``parser=``, ``template=``, ``reward=``, ``isolator=``,
+        ``max_steps=``), configure the chain (``tokenizer=``, ``chat_template_name=``, ``reward_wrong_format=``,
+        ``device=``, ``layout=``) or go to the backend (its factory's keyword arguments, or ``backend_options={...}``).
+        Unknown keys raise ``InvalidOverrideError``.
+        """
+        from .chain import build_env
+
+        if (name is None) == (tasks is None):
+            raise TypeError("make() takes a task name or tasks=[...], not both and not neither")
+        names = [name] if tasks is None else list(tasks)
+        if not names:
+            raise TypeError("make(tasks=[...]) needs at least one task")
+        resolved: list[ResolvedTask] = []
+        chain_options: dict[str, Any] = {}
+        for task in names:
+            item, chain_options = self.resolve(task, **copy.copy(overrides))
+            resolved.append(item)
+        return build_env(resolved, multi_task=tasks is not None, **chain_options)
+
+    def plugins(self) -> list[dict[str, Any]]:
+        """The loaded plugins: name, distribution, version, entry point, hooks implemented and any load error."""
+        self._ensure_loaded()
+        assert self._loader is not None
+        return [info.to_dict() for info in self._loader.infos]
+
+    def load_errors(self) -> list[Exception]:
+        """The ``PluginLoadError`` of every plugin that failed to load."""
+        self._ensure_loaded()
+        assert self._loader is not None
+        return list(self._loader.errors)
+
+    def _unknown_hint(self, kind: str, name: str) -> str | None:
+        hints = []
+        if "/" in name:
+            namespace = name.split("/", 1)[0] + "/"
+            if not any(n.startswith(namespace) for n in self._entries[kind]):
+                hints.append(f"No plugin registered any {kind} in namespace {namespace!r}.")
+        if self._loader is not None and self._loader.errors:
+            failed = ", ".join(sorted({e.distribution or e.plugin for e in self._loader.errors}))
+            hints.append(f"Some plugins failed to load ({failed}); see `mlgym-registry plugins`.")
+        return " ".join(hints) or None
+
+
+def _provider(item: Entry | Registration) -> str:
+    if item.distribution == BUILTIN_DISTRIBUTION:
+        return f"built-in plugin {item.plugin!r}"
+    if item.distribution:
+        return f"distribution {item.distribution!r} (plugin {item.plugin!r})"
+    return f"plugin {item.plugin!r}"
+
+
+def backend_option_names(factory: Any) -> set[str] | None:
+    """The keyword options a backend factory accepts (None when it takes ``**kwargs``, i.e. anything)."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return None
+    names = set()
+    for index, param in enumerate(signature.parameters.values()):
+        if param.kind is param.VAR_KEYWORD:
+            return None
+        if index == 0 or param.kind in (param.VAR_POSITIONAL, param.POSITIONAL_ONLY):
+            continue  # the spec
+        names.add(param.name)
+    return names
+
+
+registry = Registry()
+"""The process-wide registry every user starts from: ``from mlgym_registry import registry``."""

@@ -1,0 +1,189 @@
+"""Plain, JSON-serialisable descriptions of tasks and components.
+
+A ``TaskSpec`` carries everything needed to rebuild an env in another process: the MLGym task-config fields
+(``id``, ``description``, ``starter_code``, ``baseline_scores``, ...), the names of the components to build it from, and,
+once resolved by the registry, lazy references to those components so that a worker can import them without any
+registration having happened in it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidTaskError
+
+COMPONENT_KINDS = ("backend", "parser", "template", "reward", "isolator")
+KINDS = ("task",) + COMPONENT_KINDS
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """A registered component: its kind, name, where it comes from and how to import it."""
+
+    kind: str
+    name: str
+    ref: str | None = None
+    distribution: str | None = None
+    plugin: str | None = None
+    description: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class TaskSpec:
+    """A task: MLGym's task-config fields plus the components that run it.
+
+    Relative paths (``starter_code``, ``sample_submission``, ``requirements_path``, dataset ``data_path``) are resolved
+    against ``root``. ``baseline_paths`` and ``evaluation_paths`` are relative to the agent's workspace, as in MLGym.
+    """
+
+    id: str
+    name: str = ""
+    description: str = ""
+    # MLGym task-config fields
+    task_entrypoint: str = "PythonSubmissionTasks"
+    training_timeout: int | None = 1800
+    use_generic_conda: bool = True
+    requirements_path: str | None = None
+    benchmark_name: str | None = None
+    dataset_configs: list[str] = field(default_factory=list)
+    datasets: list[dict[str, Any]] = field(default_factory=list)
+    starter_code: list[str] = field(default_factory=list)
+    baseline_paths: list[str] = field(default_factory=list)
+    baseline_scores: list[dict[str, float]] = field(default_factory=list)
+    sample_submission: str | None = None
+    evaluation_paths: list[str] = field(default_factory=list)
+    evaluation_read_only: bool = False
+    secret_files: list[str] = field(default_factory=list)
+    memory_path: str | None = None
+    # ours
+    root: str | None = None
+    source: str | None = None
+    max_steps: int = 50
+    backend: str = "local"
+    parser: str = "thought_action"
+    template: str = "mlgym_default"
+    reward: str = "mlgym_score_delta"
+    isolator: str = "code_block"
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    aliases_file: str | None = None
+    components: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- serialisation -------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; ``TaskSpec.from_dict(spec.to_dict()) == spec``."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskSpec:
+        """Rebuild a spec from ``to_dict()`` output (or any dict of known fields); unknown keys go to ``extra``."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        data = copy.deepcopy(dict(data))
+        if "id" not in data:
+            raise InvalidTaskError(f"a task spec needs an 'id'; got keys {sorted(data)}")
+        extra = dict(data.pop("extra", {}) or {})
+        extra.update({k: data.pop(k) for k in list(data) if k not in known})
+        return cls(**data, extra=extra)
+
+    def to_json(self) -> str:
+        """The spec as a JSON string."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> TaskSpec:
+        """Rebuild a spec from ``to_json()``."""
+        return cls.from_dict(json.loads(text))
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+    def replace(self, **changes: Any) -> TaskSpec:
+        """A deep copy with ``changes`` applied (the spec itself is never modified)."""
+        return dataclasses.replace(copy.deepcopy(self), **changes)
+
+    def resolve_path(self, path: str | Path) -> Path:
+        """``path`` made absolute against ``root`` (or returned as is when already absolute)."""
+        path = Path(path)
+        if path.is_absolute() or self.root is None:
+            return path
+        return Path(self.root) / path
+
+    @property
+    def baseline(self) -> dict[str, float] | None:
+        """The first baseline score dict (MLGym uses ``baseline_scores[0]``), or None."""
+        return self.baseline_scores[0] if self.baseline_scores else None
+
+    @property
+    def gym_id(self) -> str:
+        """MLGym's gym id for this task: ``mlgym/<id>``."""
+        return f"mlgym/{self.id}"
+
+
+def load_task_yaml(path: str | Path, *, root: str | Path | None = None, **defaults: Any) -> TaskSpec:
+    """Load a task file in MLGym's task-config shape (plus our optional fields) into a ``TaskSpec``.
+
+    ``root`` is the folder relative paths in the file are resolved against; it defaults to the file's ``root:`` key
+    (relative to the file) or else the file's own folder. ``defaults`` fill fields the file leaves out.
+    """
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise InvalidTaskError(f"task file {str(path)!r} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise InvalidTaskError(f"task file {str(path)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidTaskError(f"task file {str(path)!r} must hold a mapping, got {type(data).__name__}")
+    if "id" not in data:
+        raise InvalidTaskError(f"task file {str(path)!r} has no 'id' field; MLGym task configs need one")
+    merged = {**defaults, **data}
+    if root is None:
+        root = (path.parent / merged["root"]).resolve() if merged.get("root") else path.parent.resolve()
+    merged["root"] = str(root)
+    merged["source"] = str(path.resolve())
+    merged.setdefault("name", merged["id"])
+    for key in ("baseline_paths", "evaluation_paths", "starter_code", "dataset_configs", "secret_files", "tags"):
+        if merged.get(key) is None:
+            merged[key] = []
+        merged[key] = [str(item) for item in merged[key]]
+    spec = TaskSpec.from_dict(merged)
+    _check_types(spec, path)
+    return spec
+
+
+def _check_types(spec: TaskSpec, path: Path) -> None:
+    if not isinstance(spec.baseline_scores, list) or not all(isinstance(s, dict) for s in spec.baseline_scores):
+        raise InvalidTaskError(f"task file {str(path)!r}: baseline_scores must be a list of metric dicts")
+    if not isinstance(spec.max_steps, int) or spec.max_steps < 1:
+        raise InvalidTaskError(f"task file {str(path)!r}: max_steps must be a positive integer")
+
+
+@dataclass
+class ResolvedTask:
+    """A task spec with its components imported and built: what ``chain.build_env`` consumes.
+
+    Not serialisable (it holds objects); send ``spec.to_dict()`` across processes instead.
+    """
+
+    spec: TaskSpec
+    backend_factory: Any
+    parser: Any
+    template: Any
+    reward: Any
+    isolator: Any
+    backend_options: dict[str, Any] = field(default_factory=dict)
+
+    def make_backend(self) -> Any:
+        """A new backend for this task (``backend_factory(spec, **backend_options)``)."""
+        return self.backend_factory(self.spec, **self.backend_options)

@@ -1,0 +1,1 @@
+"""Our own task suite (task YAML, starter code, evaluators) and the MLGym-checkout task source."""

@@ -1,0 +1,1 @@
+"""The TorchRL transforms of the chain ``make`` builds, one module per stage."""
