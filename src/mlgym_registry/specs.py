@@ -43,7 +43,8 @@ class TaskSpec:
     """A task: MLGym's task-config fields plus the components that run it.
 
     Relative paths (``starter_code``, ``sample_submission``, ``requirements_path``, dataset ``data_path``) are resolved
-    against ``root``. ``baseline_paths`` and ``evaluation_paths`` are relative to the agent's workspace, as in MLGym.
+    against ``root``. ``baseline_paths``, ``evaluation_paths`` and ``protected_files`` are relative to the agent's
+    workspace, as in MLGym. Evaluators read an optional seed from the ``MLGYM_REGISTRY_SEED`` environment variable.
     """
 
     id: str
@@ -65,6 +66,8 @@ class TaskSpec:
     evaluation_read_only: bool = False
     secret_files: list[str] = field(default_factory=list)
     memory_path: str | None = None
+    # ours: workspace files the agent must not be able to change its score through (e.g. the opponent)
+    protected_files: list[str] = field(default_factory=list)
     # ours
     root: str | None = None
     source: str | None = None
@@ -153,7 +156,7 @@ def load_task_yaml(path: str | Path, *, root: str | Path | None = None, **defaul
     merged["root"] = str(root)
     merged["source"] = str(path.resolve())
     merged.setdefault("name", merged["id"])
-    for key in ("baseline_paths", "evaluation_paths", "starter_code", "dataset_configs", "secret_files", "tags"):
+    for key in ("baseline_paths", "evaluation_paths", "starter_code", "dataset_configs", "secret_files", "tags", "protected_files"):
         if merged.get(key) is None:
             merged[key] = []
         merged[key] = [str(item) for item in merged[key]]
