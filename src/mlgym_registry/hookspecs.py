@@ -31,7 +31,7 @@ def register_tasks(register: Register) -> None:
 
 @hookspec
 def register_backends(register: Register) -> None:
-    """Register execution backends: factories ``backend(spec: TaskSpec, **options) -> Backend`` (see backends.protocol)."""
+    """Register execution backends: factories ``backend(spec: TaskSpec, **options) -> Backend`` (backends.protocol)."""
 
 
 @hookspec
@@ -51,4 +51,4 @@ def register_reward_assigners(register: Register) -> None:
 
 @hookspec
 def register_action_isolators(register: Register) -> None:
-    """Register action isolators: ``isolator(response: str, parser) -> action``, raising ``FormatError`` on no action."""
+    """Register action isolators: ``isolator(response: str, parser) -> action``; ``FormatError`` on no action."""

@@ -33,6 +33,8 @@ class Entry:
     plugin: str | None = None
     distribution: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    loaded: Any = None
+    is_loaded: bool = False
     built: Any = None
     is_built: bool = False
 
@@ -103,11 +105,15 @@ def build_component(kind: str, obj: Any) -> Any:
         if callable(obj):
             spec = obj()
             if not isinstance(spec, TaskSpec):
-                raise InvalidTaskError(f"task factory {reference_of(obj)!r} returned {type(spec).__name__}, not TaskSpec")
+                raise InvalidTaskError(
+                    f"task factory {reference_of(obj)!r} returned {type(spec).__name__}, not a TaskSpec"
+                )
             return spec
         if isinstance(obj, dict):
             return TaskSpec.from_dict(obj)
-        raise InvalidTaskError(f"cannot build a task from {type(obj).__name__}; register a TaskSpec, a YAML path or a factory")
+        raise InvalidTaskError(
+            f"cannot build a task from {type(obj).__name__}; register a TaskSpec, a YAML path or a factory"
+        )
     if inspect.isclass(obj) or (kind == "template" and callable(obj)):
         return obj()
     return obj
@@ -222,12 +228,26 @@ class Registry:
         entry = self.entry(kind, name)
         with self._lock:
             if not entry.is_built:
-                target = entry.target
-                if isinstance(target, str) and not (kind == "task" and is_task_file(target)):
-                    target = import_reference(target)
-                entry.built = build_component(kind, target)
+                entry.built = build_component(kind, self._load(entry))
                 entry.is_built = True
         return copy.deepcopy(entry.built) if kind == "task" else entry.built
+
+    def build(self, kind: str, name: str) -> Any:
+        """A new instance of the component (classes are instantiated afresh), so each env owns its own state."""
+        entry = self.entry(kind, name)
+        if kind == "task":
+            return self.get(kind, name)
+        return build_component(kind, self._load(entry))
+
+    def _load(self, entry: Entry) -> Any:
+        """The registered object, importing a lazy reference the first time."""
+        with self._lock:
+            if not entry.is_loaded:
+                target = entry.target
+                if isinstance(target, str) and not (entry.kind == "task" and is_task_file(target)):
+                    target = import_reference(target)
+                entry.loaded, entry.is_loaded = target, True
+        return entry.loaded
 
     def spec(self, name: str | TaskSpec | dict[str, Any]) -> TaskSpec:
         """The ``TaskSpec`` of a task, with lazy references to its components filled in ``components``.
@@ -258,7 +278,7 @@ class Registry:
         """The component ``spec`` names for ``kind``; falls back to ``spec.components`` refs in a fresh worker."""
         name = getattr(spec, kind)
         if name in self._entries[kind] or kind not in spec.components:
-            return self.get(kind, name)
+            return self.build(kind, name)
         return build_component(kind, import_reference(spec.components[kind]))
 
     def resolve(self, name: str | TaskSpec | dict[str, Any], **overrides: Any) -> tuple[ResolvedTask, dict[str, Any]]:
@@ -292,7 +312,9 @@ class Registry:
         )
         return resolved, chain_options
 
-    def make(self, name: str | TaskSpec | dict[str, Any] | None = None, *, tasks: Iterable[Any] | None = None, **overrides: Any):
+    def make(
+        self, name: str | TaskSpec | dict[str, Any] | None = None, *, tasks: Iterable[Any] | None = None, **overrides: Any
+    ):
         """Build the TorchRL env of a task (or of several, sampled on each reset, with ``tasks=[...]``).
 
         Overrides replace what the spec names (``backend=``, ``parser=``, ``template=``, ``reward=``, ``isolator=``,
@@ -300,13 +322,13 @@ class Registry:
         ``device=``, ``layout=``) or go to the backend (its factory's keyword arguments, or ``backend_options={...}``).
         Unknown keys raise ``InvalidOverrideError``.
         """
-        from .chain import build_env
-
         if (name is None) == (tasks is None):
             raise TypeError("make() takes a task name or tasks=[...], not both and not neither")
         names = [name] if tasks is None else list(tasks)
         if not names:
             raise TypeError("make(tasks=[...]) needs at least one task")
+        from .chain import build_env
+
         resolved: list[ResolvedTask] = []
         chain_options: dict[str, Any] = {}
         for task in names:

@@ -1,9 +1,9 @@
 """Plain, JSON-serialisable descriptions of tasks and components.
 
 A ``TaskSpec`` carries everything needed to rebuild an env in another process: the MLGym task-config fields
-(``id``, ``description``, ``starter_code``, ``baseline_scores``, ...), the names of the components to build it from, and,
-once resolved by the registry, lazy references to those components so that a worker can import them without any
-registration having happened in it.
+(``id``, ``description``, ``starter_code``, ``baseline_scores``, ...), the names of the components to build it from,
+and, once resolved by the registry, lazy references to those components so that a worker can import them without
+any registration having happened in it.
 """
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ def load_task_yaml(path: str | Path, *, root: str | Path | None = None, **defaul
     merged["root"] = str(root)
     merged["source"] = str(path.resolve())
     merged.setdefault("name", merged["id"])
-    for key in ("baseline_paths", "evaluation_paths", "starter_code", "dataset_configs", "secret_files", "tags", "protected_files"):
+    list_fields = ("baseline_paths", "evaluation_paths", "starter_code", "dataset_configs", "secret_files", "tags")
+    for key in (*list_fields, "protected_files"):
         if merged.get(key) is None:
             merged[key] = []
         merged[key] = [str(item) for item in merged[key]]

@@ -1,0 +1,55 @@
+"""The example components: a parser and a reward assigner, written against mlgym-registry's component contracts."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from mlgym_registry import FormatError, TaskSpec
+
+_FENCED_JSON = re.compile(r"^```(?:json)?\s*\n(.*?)\n```\s*$", re.DOTALL | re.MULTILINE)
+
+
+class JsonCommandParser:
+    """Parse ``{"thought": "...", "command": "..."}`` (bare, or in a ```json fence) into ``(thought, command)``."""
+
+    format_error_message = (
+        "Reply with one JSON object with two string fields, "
+        'for example {"thought": "look around", "command": "ls -a"}.'
+    )
+
+    def __call__(self, response: str) -> tuple[str, str]:
+        candidates = [m.group(1) for m in _FENCED_JSON.finditer(response)] or [response.strip()]
+        for text in reversed(candidates):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(data, dict) and isinstance(data.get("command"), str) and data["command"].strip():
+                return str(data.get("thought", "")), data["command"]
+        raise FormatError(f"No JSON command found in model response. {self.format_error_message}")
+
+
+VALIDATED = "Your code produced a valid submission artefact"
+
+
+class RelativeImprovementReward:
+    """Reward a step that scored (a successful validate, or the final evaluation) by ``(score - baseline) / |baseline|``.
+
+    Stateless: the step's own score is the last entry of ``info["score"]``, and the step scored when its observation
+    is MLGym's validate message or the episode ended with an evaluation (``exit_status`` "submitted" or
+    "autosubmission (...)").
+    """
+
+    def __call__(self, observation: str, info: dict[str, Any], spec: TaskSpec) -> float:
+        scores = info.get("score") or []
+        status = info.get("exit_status") or ""
+        scored = (observation or "").startswith(VALIDATED) or status == "submitted" or status.startswith("autosub")
+        if not (scored and scores and spec.baseline):
+            return 0.0
+        metric = spec.extra.get("priority_metric") or next(iter(spec.baseline))
+        baseline = float(spec.baseline[metric])
+        value = float(scores[-1][metric])
+        sign = -1.0 if spec.extra.get("metric_direction") == "min" else 1.0
+        return sign * (value - baseline) / (abs(baseline) or 1.0)

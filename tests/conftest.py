@@ -1,0 +1,62 @@
+"""Shared test helpers: fake plugin distributions written to a temporary site folder."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+TRAJECTORIES = SHARED / "mlgym-trajectories"
+
+
+class FakeSite:
+    """A folder on ``sys.path`` holding installed-looking distributions with ``mlgym_registry`` entry points."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def add(self, dist: str, module: str, source: str, entry_point: str = "plugin", version: str = "0.1") -> None:
+        """Write ``module.py`` with ``source`` and a dist-info declaring it as an ``mlgym_registry`` entry point."""
+        (self.path / f"{module}.py").write_text(textwrap.dedent(source))
+        info = self.path / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[mlgym_registry]\n{entry_point} = {module}\n")
+        importlib.invalidate_caches()
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment for a subprocess that should see this site folder."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.path), env.get("PYTHONPATH")]))
+        env.update(extra)
+        return env
+
+
+@pytest.fixture
+def fake_site(tmp_path, monkeypatch) -> FakeSite:
+    """A fake site folder, on ``sys.path`` for this test only."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    return FakeSite(site)
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter of this environment."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``mlgym-registry ARGS`` as a user would (a fresh process)."""
+    return subprocess.run(
+        [sys.executable, "-m", "mlgym_registry.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
