@@ -120,7 +120,7 @@ def build_component(kind: str, obj: Any) -> Any:
 
 
 class Registry:
-    """Named tasks and components of six kinds: ``task``, ``backend``, ``parser``, ``template``, ``reward``, ``isolator``.
+    """Named tasks and components of six kinds: task, backend, parser, template, reward and isolator.
 
     Plugins load on first use. ``make`` resolves a task name plus overrides into a built TorchRL env.
     """
@@ -313,7 +313,11 @@ class Registry:
         return resolved, chain_options
 
     def make(
-        self, name: str | TaskSpec | dict[str, Any] | None = None, *, tasks: Iterable[Any] | None = None, **overrides: Any
+        self,
+        name: str | TaskSpec | dict[str, Any] | None = None,
+        *,
+        tasks: Iterable[Any] | None = None,
+        **overrides: Any,
     ):
         """Build the TorchRL env of a task (or of several, sampled on each reset, with ``tasks=[...]``).
 

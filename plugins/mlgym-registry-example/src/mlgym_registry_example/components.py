@@ -35,7 +35,7 @@ VALIDATED = "Your code produced a valid submission artefact"
 
 
 class RelativeImprovementReward:
-    """Reward a step that scored (a successful validate, or the final evaluation) by ``(score - baseline) / |baseline|``.
+    """Reward a step that scored (a validate, or the final evaluation) by ``(score - baseline) / |baseline|``.
 
     Stateless: the step's own score is the last entry of ``info["score"]``, and the step scored when its observation
     is MLGym's validate message or the episode ended with an evaluation (``exit_status`` "submitted" or
