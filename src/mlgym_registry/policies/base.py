@@ -1,0 +1,105 @@
+"""What every policy is: a callable from the conversation so far to the model's next response text.
+
+``policy(messages)`` receives the chat so far as a list of ``{"role", "content"}`` dicts (system, then alternating
+user and assistant turns, ending with the user turn the model must answer) and returns the response text, exactly as
+a model would produce it: a short discussion and one fenced command block.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import MLGymRegistryError
+
+Messages = Sequence[Mapping[str, Any]]
+
+
+class PolicyExhausted(MLGymRegistryError):
+    """The policy has no further response (a replayed trajectory ran out of recorded steps)."""
+
+
+class Policy:
+    """Base class of policies. Subclasses implement ``respond``; ``reset`` starts a new episode."""
+
+    name = "policy"
+    interactive = False
+    """True when the policy talks to a person on the terminal (the CLI then prints instead of showing a bar)."""
+
+    def reset(self, spec: Any = None) -> None:
+        """Start a new episode of ``spec`` (a ``TaskSpec`` or None)."""
+
+    def respond(self, messages: Messages) -> str:
+        """The next response text for the conversation ``messages``."""
+        raise NotImplementedError
+
+    def __call__(self, messages: Messages) -> str:
+        return self.respond(messages)
+
+    def close(self) -> None:
+        """Release whatever the policy holds (models, files)."""
+
+
+def fenced(discussion: str, command: str) -> str:
+    """A response in MLGym's format: a discussion paragraph, then the command in a fenced block."""
+    command = command if command.endswith("\n") else command + "\n"
+    return f"DISCUSSION\n{discussion.strip()}\n```\n{command}```"
+
+
+def last_user_message(messages: Messages) -> str:
+    """The content of the last user turn ('' when there is none)."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return str(message.get("content") or "")
+    return ""
+
+
+_FILE_HEADER = re.compile(r"^\[File: (?P<path>.+) \((?P<lines>\d+) lines total\)\]$", re.MULTILINE)
+_EVALUATION = re.compile(r"Evaluation Score: (\{.*?\})")
+_BASELINE = re.compile(r"Baseline Score: (\{.*?\})")
+_REMAINING = re.compile(r"Remaining Steps: (\d+)\)")
+
+
+def file_window(text: str) -> tuple[str, int] | None:
+    """The path and line count of the last file window (``[File: <path> (<n> lines total)]``) in ``text``."""
+    matches = list(_FILE_HEADER.finditer(text))
+    if not matches:
+        return None
+    return matches[-1]["path"], int(matches[-1]["lines"])
+
+
+def numbered_lines(text: str) -> dict[int, str]:
+    """The ``<n>:<text>`` lines of the file window in ``text``, by line number."""
+    lines: dict[int, str] = {}
+    for match in re.finditer(r"^(\d+):(.*)$", text, re.MULTILINE):
+        lines[int(match[1])] = match[2]
+    return lines
+
+
+def evaluation_score(text: str) -> dict[str, float] | None:
+    """The metric dict of a validate observation (``Evaluation Score: {...}``), or None."""
+    return _literal_dict(_EVALUATION, text)
+
+
+def baseline_score(text: str) -> dict[str, float] | None:
+    """The baseline metric dict of a validate observation (``Baseline Score: {...}``), or None."""
+    return _literal_dict(_BASELINE, text)
+
+
+def remaining_steps(text: str) -> int | None:
+    """``Remaining Steps`` from the status block in ``text``, or None."""
+    match = _REMAINING.search(text)
+    return int(match[1]) if match else None
+
+
+def _literal_dict(pattern: re.Pattern[str], text: str) -> dict[str, float] | None:
+    match = pattern.search(text)
+    if not match:
+        return None
+    try:
+        value = ast.literal_eval(match[1])
+    except (ValueError, SyntaxError):
+        return None
+    return value if isinstance(value, dict) else None

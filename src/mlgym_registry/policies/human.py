@@ -1,0 +1,59 @@
+"""A person at the terminal plays the agent: the prompt is printed and the command is read from the keyboard."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from .base import Messages, Policy, fenced, last_user_message
+
+BLOCK_ENDS = {"edit": "end_of_edit", "insert": "end_of_insert"}
+
+
+class HumanPolicy(Policy):
+    """Reads one command per turn. ``edit``/``insert`` read on until their ``end_of_*`` line; a line starting with
+    a fence reads a whole response up to the closing fence. A bare command is wrapped in a fenced block for you."""
+
+    name = "human"
+    interactive = True
+
+    def __init__(self, stdin: TextIO | None = None, stdout: TextIO | None = None, show_system: bool = False):
+        self.stdin = stdin or sys.stdin
+        self.stdout = stdout or sys.stdout
+        self.show_system = show_system
+
+    def respond(self, messages: Messages) -> str:
+        """Show the latest prompt, read the person's command."""
+        if self.show_system and len(messages) <= 2 and messages and messages[0].get("role") == "system":
+            self._print(str(messages[0].get("content", "")))
+        self._print(last_user_message(messages))
+        first = self._readline("> ")
+        if first.startswith("```"):
+            return "\n".join([first, *self._read_until(lambda line: line.strip() == "```")])
+        command = first.split(maxsplit=1)[0] if first.strip() else ""
+        lines = [first]
+        if command in BLOCK_ENDS:
+            end = BLOCK_ENDS[command]
+            lines += self._read_until(lambda line: line.strip() == end)
+        return fenced("(typed by a person)", "\n".join(lines))
+
+    def _read_until(self, is_last) -> list[str]:
+        lines = []
+        while True:
+            line = self._readline("")
+            lines.append(line)
+            if is_last(line):
+                return lines
+
+    def _readline(self, prompt: str) -> str:
+        if prompt:
+            self.stdout.write(prompt)
+            self.stdout.flush()
+        line = self.stdin.readline()
+        if not line:
+            raise EOFError("no more input on the terminal")
+        return line.rstrip("\n")
+
+    def _print(self, text: str) -> None:
+        self.stdout.write(text.rstrip("\n") + "\n")
+        self.stdout.flush()

@@ -1,0 +1,232 @@
+"""MLGym's trajectory files: ``<task>.traj`` and ``results.json``, read and written.
+
+A ``.traj`` is a JSON object ``{environment, trajectory, history, info}``; each ``trajectory`` entry has the keys
+``state`` (the state JSON before the action), ``response`` (the model's raw text), ``thought``, ``action`` (the parsed
+action, before heredoc guarding), ``execution_time`` and ``observation``. ``history`` is the system message, then the
+user and assistant turns (assistant turns also carry ``thought`` and ``action``); there is no user message after the
+last step. ``results.json`` is ``{"agent": info["score"], "baseline": baseline_scores[0]}``.
+
+``TrajectoryWriter`` rewrites both files after every step, each through a temporary file and an atomic rename, so an
+interrupted run leaves the steps done so far in a complete, loadable file.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import MLGymRegistryError
+
+STEP_KEYS = ("action", "observation", "response", "state", "thought", "execution_time")
+"""The keys of every entry of a ``.traj`` file's ``trajectory`` list."""
+
+TRAJ_KEYS = ("environment", "trajectory", "history", "info")
+"""The top-level keys of a ``.traj`` file."""
+
+AGENT_NAME = "primary"
+"""The ``agent`` tag put on history items (MLGym tags them with its agent's name)."""
+
+
+class TrajectoryError(MLGymRegistryError, ValueError):
+    """A file that is not a valid MLGym ``.traj`` (or ``results.json``)."""
+
+
+@dataclass
+class Step:
+    """One entry of a trajectory: what the model said, what ran and what came back."""
+
+    action: str
+    observation: str | None
+    response: str
+    state: str
+    thought: str
+    execution_time: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry in MLGym's key order."""
+        return {key: getattr(self, key) for key in STEP_KEYS}
+
+
+@dataclass
+class Trajectory:
+    """A loaded ``.traj``: the steps, the chat history and the final ``info``."""
+
+    environment: str
+    steps: list[Step]
+    history: list[dict[str, Any]]
+    info: dict[str, Any]
+    path: Path | None = None
+
+    @property
+    def responses(self) -> list[str]:
+        """The model's raw response of every step, in order."""
+        return [step.response for step in self.steps]
+
+    @property
+    def scores(self) -> list[dict[str, float]]:
+        """``info["score"]``: one metric dict per successful validate, then the final one."""
+        return list(self.info.get("score") or [])
+
+    @property
+    def task_id(self) -> str | None:
+        """The task id taken from the file name (MLGym names the file ``<task.id>.traj``), if loaded from a file."""
+        return self.path.stem if self.path is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of the ``.traj`` file."""
+        return {
+            "environment": self.environment,
+            "trajectory": [step.to_dict() for step in self.steps],
+            "history": self.history,
+            "info": self.info,
+        }
+
+
+def load_traj(path: str | Path) -> Trajectory:
+    """Read and check an MLGym ``.traj`` file; ``TrajectoryError`` says what is wrong with it."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TrajectoryError(f"trajectory file {str(path)!r} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise TrajectoryError(f"trajectory file {str(path)!r} is not valid JSON: {exc}") from exc
+    return trajectory_from_dict(data, path)
+
+
+def trajectory_from_dict(data: Any, path: Path | None = None) -> Trajectory:
+    """A ``Trajectory`` from the JSON object of a ``.traj`` file, checked for MLGym's keys."""
+    where = f"trajectory file {str(path)!r}" if path else "trajectory"
+    if not isinstance(data, dict):
+        raise TrajectoryError(f"{where} must hold a JSON object, got {type(data).__name__}")
+    missing = [key for key in TRAJ_KEYS if key not in data]
+    if missing:
+        raise TrajectoryError(f"{where} lacks the key(s) {missing}; an MLGym .traj has {list(TRAJ_KEYS)}")
+    if not isinstance(data["trajectory"], list) or not isinstance(data["history"], list):
+        raise TrajectoryError(f"{where}: 'trajectory' and 'history' must be lists")
+    steps = []
+    for index, entry in enumerate(data["trajectory"]):
+        absent = [key for key in STEP_KEYS if key not in entry] if isinstance(entry, dict) else list(STEP_KEYS)
+        if absent:
+            raise TrajectoryError(f"{where}: step {index} lacks the key(s) {absent}")
+        steps.append(Step(**{key: entry[key] for key in STEP_KEYS}))
+    info = data["info"] if isinstance(data["info"], dict) else {}
+    return Trajectory(str(data["environment"]), steps, list(data["history"]), dict(info), path)
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """Read a ``results.json``: ``{"agent": [metric dicts], "baseline": metric dict}``."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TrajectoryError(f"results file {str(path)!r} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise TrajectoryError(f"results file {str(path)!r} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("agent"), list) or "baseline" not in data:
+        raise TrajectoryError(f"results file {str(path)!r} must be {{'agent': [...], 'baseline': {{...}}}}")
+    return data
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file in the same folder and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class TrajectoryWriter:
+    """Records an episode as MLGym's ``<out>/<task_id>.traj`` and ``<out>/results.json``, saved after every change.
+
+    Call ``system`` once, then for each turn ``user`` (the prompt the model saw) and ``step`` (what it answered and
+    what came of it), and ``finish`` with the last ``info``.
+    """
+
+    out_dir: Path
+    task_id: str
+    baseline: dict[str, float] | None = None
+    environment: str = "mlgym_registry"
+    steps: list[Step] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir)
+
+    @property
+    def traj_path(self) -> Path:
+        """``<out>/<task_id>.traj``."""
+        return self.out_dir / f"{self.task_id}.traj"
+
+    @property
+    def results_path(self) -> Path:
+        """``<out>/results.json``."""
+        return self.out_dir / "results.json"
+
+    def system(self, content: str) -> None:
+        """Record the system message."""
+        self.history.append({"role": "system", "content": content, "agent": AGENT_NAME})
+        self.save()
+
+    def user(self, content: str) -> None:
+        """Record the prompt of the next turn."""
+        self.history.append({"role": "user", "content": content, "agent": AGENT_NAME})
+        self.save()
+
+    def step(self, step: Step, info: dict[str, Any] | None = None) -> None:
+        """Record a finished step (and the ``info`` after it)."""
+        self.steps.append(step)
+        self.history.append({
+            "role": "assistant",
+            "content": step.response,
+            "thought": step.thought,
+            "action": step.action,
+            "agent": AGENT_NAME,
+        })
+        if info is not None:
+            self.info = copy.deepcopy(info)
+        self.save()
+
+    def finish(self, info: dict[str, Any] | None = None) -> None:
+        """Record the final ``info`` and save."""
+        if info is not None:
+            self.info = copy.deepcopy(info)
+        self.save()
+
+    def trajectory(self) -> Trajectory:
+        """What has been recorded so far."""
+        return Trajectory(self.environment, list(self.steps), list(self.history), dict(self.info), self.traj_path)
+
+    def results(self) -> dict[str, Any]:
+        """The ``results.json`` object: the scores so far and the baseline."""
+        return {"agent": list(self.info.get("score") or []), "baseline": self.baseline or {}}
+
+    def save(self) -> None:
+        """Write both files now (atomically)."""
+        atomic_write_json(self.traj_path, _jsonable(self.trajectory().to_dict()))
+        atomic_write_json(self.results_path, _jsonable(self.results()))
+
+
+def _jsonable(data: Any) -> Any:
+    """``data`` with anything JSON cannot hold (paths, numpy floats) turned into strings or floats."""
+    return json.loads(json.dumps(data, default=_default))
+
+
+def _default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
