@@ -10,7 +10,8 @@ _PKG = "mlgym_registry.components"
 @hookimpl
 def register_parsers(register):
     register("thought_action", f"{_PKG}.parsers:ThoughtActionParser",
-             description="Last complete top-level fenced block is the action (MLGym's ThoughtActionParser; TorchRL's default).")
+             description="The last complete top-level fenced block is the action (MLGym's ThoughtActionParser; "
+                         "TorchRL's default).")
     register("mlgym_thought_action", f"{_PKG}.parsers:StrictThoughtActionParser",
              description="Like thought_action, but more than one code block is a format error (MLGym's default agent).")
     register("xml_thought_action", f"{_PKG}.parsers:XMLThoughtActionParser",
@@ -33,4 +34,4 @@ def register_reward_assigners(register):
 @hookimpl
 def register_action_isolators(register):
     register("code_block", f"{_PKG}.isolators:CodeBlockIsolator",
-             description="Parse the response, flag a retry on a format error, heredoc-guard edit/insert bodies.")
+             description="Parse the response (FormatError when it holds no action), heredoc-guard edit/insert bodies.")

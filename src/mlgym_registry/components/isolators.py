@@ -1,0 +1,88 @@
+"""Action isolators: turn the model's whole response into the command the backend runs.
+
+An isolator is a callable ``isolator(response: str, parser) -> action`` that raises
+``mlgym_registry.errors.FormatError`` when the response holds no usable action. The transform that calls it flags a
+retry (and the optional penalty) on that error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+from ..errors import FormatError
+from .parsers import ThoughtActionParser
+
+MULTILINE_COMMAND_ENDINGS: Mapping[str, str] = {"edit": "end_of_edit", "insert": "end_of_insert"}
+"""The multi-line tool commands and the line that ends their body (MLGym's ``end_name`` of ``edit`` and ``insert``)."""
+
+Parser = Callable[[str], tuple[str, str]]
+
+
+def guard_multiline_input(action: str, endings: Mapping[str, str] = MULTILINE_COMMAND_ENDINGS) -> str:
+    """Turn every multi-line ``edit``/``insert`` in ``action`` into a heredoc, as MLGym's agent does before a step.
+
+    The command line ``edit 14:33`` becomes ``edit 14:33 << 'end_of_edit'`` when a later line reads ``end_of_edit``
+    (``insert 5`` likewise with ``end_of_insert``), so the shell feeds the body to the tool instead of running it.
+    Unlike MLGym's agent, the command is guarded wherever it stands in the action (text before it is kept intact).
+    A command already followed by a heredoc operator, or whose terminator line is missing, is left as it is; body
+    lines are never treated as commands. Guarding a guarded action changes nothing.
+    """
+    if not endings:
+        return action
+    names = "|".join(re.escape(name) for name in sorted(endings, key=len, reverse=True))
+    command = re.compile(rf"^\s*({names})(?=\s|$)")
+    lines = action.split("\n")
+    index = 0
+    while index < len(lines):
+        match = command.match(lines[index])
+        if match is None:
+            index += 1
+            continue
+        terminator = endings[match.group(1)]
+        end = _terminator_line(lines, index + 1, terminator)
+        if end is None:
+            index += 1
+            continue
+        if not _has_heredoc(lines[index], terminator):
+            line = lines[index]
+            carriage = "\r" if line.endswith("\r") else ""
+            lines[index] = line[: len(line) - len(carriage)] + f" << '{terminator}'" + carriage
+        index = end + 1
+    return "\n".join(lines)
+
+
+def _terminator_line(lines: list[str], start: int, terminator: str) -> int | None:
+    """The index of the first line from ``start`` that is the terminator (at column 0, trailing space allowed)."""
+    for index in range(start, len(lines)):
+        if lines[index].rstrip() == terminator:
+            return index
+    return None
+
+
+def _has_heredoc(line: str, terminator: str) -> bool:
+    """True when ``line`` already ends with a heredoc operator for ``terminator`` (quoted or not)."""
+    return re.search(rf"<<-?\s*(['\"]?){re.escape(terminator)}\1\s*$", line) is not None
+
+
+class CodeBlockIsolator:
+    """Parse the response with the task's parser, then heredoc-guard ``edit``/``insert`` bodies.
+
+    The result is what MLGym's agent sends to ``env.step``: the guarded action, stripped. An empty action (an empty
+    code block) is a ``FormatError`` too: running nothing would only waste a step.
+    """
+
+    def __init__(self, endings: Mapping[str, str] = MULTILINE_COMMAND_ENDINGS):
+        self.endings = dict(endings)
+
+    def __call__(self, response: str, parser: Parser | None = None) -> str:
+        """The backend action for ``response``; ``FormatError`` when ``parser`` finds none (default: thought_action)."""
+        parser = parser if parser is not None else ThoughtActionParser()
+        _thought, action = parser(response)
+        action = guard_multiline_input(action, self.endings).strip()
+        if not action:
+            raise FormatError("The code block in the model response is empty.")
+        return action
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
