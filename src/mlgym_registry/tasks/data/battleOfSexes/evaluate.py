@@ -1,0 +1,72 @@
+"""Score `row_strategy` (strategy.py) against the partner in target.py at the repeated Battle of the Sexes.
+
+Plays many 10-round games and prints one JSON line, `{"Score": x}`: your mean payoff per round over all games.
+Set MLGYM_REGISTRY_SEED to an integer for a reproducible score; without it every run draws fresh randomness.
+"""
+
+import json
+import math
+import os
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import target  # noqa: E402
+from strategy import row_strategy  # noqa: E402
+
+# PAYOFF[your_move][partner_move] is your payoff: you score only when the moves match, most on 0
+PAYOFF = ((2, 0), (0, 1))
+MOVES = (0, 1)
+ROUNDS = 10
+GAMES = 10_000
+
+
+def checked(move, who):
+    """`move` as an int, or a ValueError naming the player when it is not 0 or 1."""
+    if isinstance(move, (str, bytes)) or move not in MOVES:
+        raise ValueError(f"{who} returned {move!r}; a move must be 0 or 1")
+    return int(move)
+
+
+def play(row, column):
+    """One game; returns the row player's mean payoff per round."""
+    history = []
+    total = 0
+    for _ in range(ROUNDS):
+        mine = checked(row(list(history)), "row_strategy")
+        theirs = checked(column(list(history)), "target_column_strategy")
+        history.append((mine, theirs))
+        total += PAYOFF[mine][theirs]
+    return total / ROUNDS
+
+
+def seed_from_env():
+    """Seed every random source from MLGYM_REGISTRY_SEED when it is set."""
+    value = os.environ.get("MLGYM_REGISTRY_SEED", "").strip()
+    if not value:
+        return
+    try:
+        seed = int(value)
+    except ValueError:
+        raise SystemExit(f"MLGYM_REGISTRY_SEED must be an integer, got {value!r}") from None
+    random.seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+    if isinstance(getattr(target, "RNG", None), random.Random):
+        target.RNG.seed(f"partner-{seed}")
+
+
+def main():
+    seed_from_env()
+    scores = [play(row_strategy, target.target_column_strategy) for _ in range(GAMES)]
+    print(json.dumps({"Score": math.fsum(scores) / len(scores)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Score `row_strategy` (strategy.py) against the opposing colonel in target.py at repeated Colonel Blotto.
+
+Plays many 10-round games. A round is worth 1 to the colonel who wins more battlefields, -1 to the other and 0 to
+both on a tie. Prints one JSON line, `{"Score": x}`: your mean payoff per round over all games.
+Set MLGYM_REGISTRY_SEED to an integer for a reproducible score; without it every run draws fresh randomness.
+"""
+
+import json
+import math
+import numbers
+import os
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import target  # noqa: E402
+from strategy import row_strategy  # noqa: E402
+
+SOLDIERS = 120
+BATTLEFIELDS = 6
+ROUNDS = 10
+GAMES = 10_000
+
+
+def checked(allocation, who):
+    """`allocation` as a new list of ints, or a ValueError naming the player when it breaks the rules."""
+    try:
+        counts = tuple(allocation)
+    except TypeError:
+        raise ValueError(f"{who} returned {allocation!r}; an allocation is a list of {BATTLEFIELDS} integers") from None
+    if len(counts) != BATTLEFIELDS:
+        raise ValueError(f"{who} returned {len(counts)} numbers; an allocation has one per battlefield, {BATTLEFIELDS}")
+    if not all((type(c) is int or isinstance(c, numbers.Integral)) and c >= 0 for c in counts):
+        raise ValueError(f"{who} returned {allocation!r}; soldier counts must be non-negative integers")
+    if sum(counts) > SOLDIERS:
+        raise ValueError(f"{who} sent {sum(counts)} soldiers; at most {SOLDIERS} are available")
+    return [int(c) for c in counts]
+
+
+def payoff(mine, theirs):
+    """1 when `mine` wins more battlefields than `theirs`, -1 when it wins fewer, 0 on a tie."""
+    margin = 0  # battlefields won minus battlefields lost
+    for a, b in zip(mine, theirs, strict=True):
+        if a > b:
+            margin += 1
+        elif a < b:
+            margin -= 1
+    return (margin > 0) - (margin < 0)
+
+
+def play(row, column):
+    """One game; returns the row player's mean payoff per round."""
+    history = []
+    total = 0
+    for _ in range(ROUNDS):
+        mine = checked(row(list(history)), "row_strategy")
+        theirs = checked(column(list(history)), "target_column_strategy")
+        history.append((mine, theirs))
+        total += payoff(mine, theirs)
+    return total / ROUNDS
+
+
+def seed_from_env():
+    """Seed every random source from MLGYM_REGISTRY_SEED when it is set."""
+    value = os.environ.get("MLGYM_REGISTRY_SEED", "").strip()
+    if not value:
+        return
+    try:
+        seed = int(value)
+    except ValueError:
+        raise SystemExit(f"MLGYM_REGISTRY_SEED must be an integer, got {value!r}") from None
+    random.seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+    if isinstance(getattr(target, "RNG", None), random.Random):
+        target.RNG.seed(f"opponent-{seed}")
+
+
+def main():
+    seed_from_env()
+    scores = [play(row_strategy, target.target_column_strategy) for _ in range(GAMES)]
+    print(json.dumps({"Score": math.fsum(scores) / len(scores)}))
+
+
+if __name__ == "__main__":
+    main()
