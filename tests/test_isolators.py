@@ -1,0 +1,189 @@
+"""Action isolator: parse + heredoc guard for edit/insert, checked on MLGym's recorded actions."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mlgym_registry import registry
+from mlgym_registry.components.isolators import CodeBlockIsolator, guard_multiline_input
+from mlgym_registry.components.parsers import StrictThoughtActionParser, ThoughtActionParser, XMLThoughtActionParser
+from mlgym_registry.errors import FormatError
+
+TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajectories"
+TRAJ_FILES = sorted(TRAJECTORIES.glob("*/*.traj"))
+MULTILINE = re.compile(r"^\s*(edit|insert)(?=\s|$)", re.MULTILINE)
+ENDINGS = {"edit": "end_of_edit", "insert": "end_of_insert"}
+
+isolate = CodeBlockIsolator()
+
+
+def recorded_multiline_actions() -> list[str]:
+    actions = []
+    for path in TRAJ_FILES:
+        for step in json.loads(path.read_text())["trajectory"]:
+            if MULTILINE.search(step["action"]):
+                actions.append(step["action"])
+    return actions
+
+
+def expected_guard(action: str) -> str:
+    """What MLGym's agent sends when the edit/insert is the first line: the heredoc operator on that line."""
+    first, _, rest = action.partition("\n")
+    command = first.split()[0]
+    if not any(line.rstrip() == ENDINGS[command] for line in rest.split("\n")):
+        return action
+    return f"{first} << '{ENDINGS[command]}'\n{rest}"
+
+
+# -- recorded actions --------------------------------------------------------------------------------------------
+@pytest.mark.trajectories
+@pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajectories in {TRAJECTORIES}")
+def test_recorded_edit_actions_are_guarded():
+    actions = recorded_multiline_actions()
+    assert actions, "the trajectories hold no edit/insert action"
+    guarded_count = 0
+    for action in actions:
+        guarded = guard_multiline_input(action)
+        assert guarded == expected_guard(action)
+        assert guard_multiline_input(guarded) == guarded  # idempotent
+        if guarded != action:
+            guarded_count += 1
+            head = guarded.split("\n")[0]
+            assert head == action.split("\n")[0] + f" << '{ENDINGS[head.split()[0]]}'"
+            # Only the command line changed: the body and terminator are byte for byte the recorded ones.
+            assert guarded.split("\n")[1:] == action.split("\n")[1:]
+    assert guarded_count > 0
+
+
+@pytest.mark.trajectories
+@pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajectories in {TRAJECTORIES}")
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_guarded_recorded_edits_pass_bash_syntax_check():
+    """MLGym runs ``bash -n`` on every action first: guarded edit bodies must not be parsed as shell code."""
+    actions = [guard_multiline_input(a).strip() for a in recorded_multiline_actions()]
+    actions = [a for a in actions if "<<" in a.split("\n")[0]]
+    assert actions
+    # One bash process checks them all, each as its own function body so that one error does not hide another.
+    script = "".join(f"f{i}() {{\n{a}\n}}\n" for i, a in enumerate(actions))
+    result = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[:2000]
+
+
+def test_unguarded_edit_fails_bash_syntax_check():
+    """Why the guard exists: the body of an unguarded edit is parsed as shell code and rejected."""
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    action = "edit 3:4\ndef row_strategy(history):\n    return 0\nend_of_edit"
+    bad = subprocess.run(["bash", "-n"], input=action, capture_output=True, text=True, timeout=30)
+    good = subprocess.run(["bash", "-n"], input=guard_multiline_input(action), capture_output=True, text=True,
+                          timeout=30)
+    assert bad.returncode != 0
+    assert good.returncode == 0, good.stderr
+
+
+# -- guard rules ---------------------------------------------------------------------------------------------------
+def test_edit_and_insert_are_guarded():
+    assert guard_multiline_input("edit 14:33\n    x = 1\nend_of_edit\n") == (
+        "edit 14:33 << 'end_of_edit'\n    x = 1\nend_of_edit\n"
+    )
+    assert guard_multiline_input("insert 5\nimport os\nend_of_insert") == (
+        "insert 5 << 'end_of_insert'\nimport os\nend_of_insert"
+    )
+
+
+def test_text_before_the_edit_is_kept():
+    # MLGym's agent loses "edit 1:2" here; we keep every line and guard the command where it stands.
+    assert guard_multiline_input("echo hi\nedit 1:2\nabc\nend_of_edit\n") == (
+        "echo hi\nedit 1:2 << 'end_of_edit'\nabc\nend_of_edit\n"
+    )
+
+
+def test_several_commands_in_one_action():
+    action = "edit 1:1\na\nend_of_edit\nls\ninsert 3\nb\nend_of_insert\n"
+    assert guard_multiline_input(action) == (
+        "edit 1:1 << 'end_of_edit'\na\nend_of_edit\nls\ninsert 3 << 'end_of_insert'\nb\nend_of_insert\n"
+    )
+
+
+def test_body_lines_are_not_commands():
+    action = "edit 1:3\nedit = 1\ninsert 4\nend_of_edit"
+    assert guard_multiline_input(action) == "edit 1:3 << 'end_of_edit'\nedit = 1\ninsert 4\nend_of_edit"
+
+
+def test_missing_terminator_is_left_alone():
+    for action in ("edit 1:2\nabc\n", "insert 3\nx\nend_of_edit\n", "edit 1:2\nabc\n  end_of_edit\n"):
+        assert guard_multiline_input(action) == action
+
+
+def test_already_guarded_is_left_alone():
+    for head in ("edit 1:2 << 'end_of_edit'", "edit 1:2 <<end_of_edit", 'edit 1:2 << "end_of_edit"',
+                 "edit 1:2 <<-'end_of_edit'"):
+        action = f"{head}\nabc\nend_of_edit\n"
+        assert guard_multiline_input(action) == action
+
+
+def test_other_commands_are_untouched():
+    for action in ("ls -a\n", "editor 1:2\nx\nend_of_edit\n", "python edit.py\n", "validate\n", ""):
+        assert guard_multiline_input(action) == action
+
+
+def test_terminator_with_trailing_space_and_crlf():
+    crlf = "edit 1:2\r\nx\r\nend_of_edit\r\n"
+    assert guard_multiline_input(crlf) == "edit 1:2 << 'end_of_edit'\r\nx\r\nend_of_edit\r\n"
+    assert guard_multiline_input("edit 1:2\nx\nend_of_edit  \n") == "edit 1:2 << 'end_of_edit'\nx\nend_of_edit  \n"
+
+
+def test_guard_is_idempotent_on_made_up_actions():
+    actions = [
+        "edit 1:2\nx\nend_of_edit",
+        "  insert 7\nfoo\nend_of_insert\nedit 2:2\nbar\nend_of_edit\n",
+        "cat a\nedit 9:9\n\nend_of_edit\nvalidate",
+        "edit 1:2\nno end",
+    ]
+    for action in actions:
+        once = guard_multiline_input(action)
+        assert guard_multiline_input(once) == once
+
+
+def test_custom_endings():
+    assert guard_multiline_input("write f\nx\nEOF", {"write": "EOF"}) == "write f << 'EOF'\nx\nEOF"
+    assert guard_multiline_input("edit 1:2\nx\nend_of_edit", {}) == "edit 1:2\nx\nend_of_edit"
+
+
+# -- the isolator ----------------------------------------------------------------------------------------------------
+def test_isolator_parses_guards_and_strips():
+    response = "DISCUSSION\nFix it.\n\n```\nedit 14:15\n    return 1\nend_of_edit\n```\n"
+    assert isolate(response, ThoughtActionParser()) == "edit 14:15 << 'end_of_edit'\n    return 1\nend_of_edit"
+    assert isolate("ok\n```\nvalidate\n```\n", ThoughtActionParser()) == "validate"
+
+
+def test_isolator_uses_the_given_parser():
+    assert isolate("go <command> ls -a </command>", XMLThoughtActionParser()) == "ls -a"
+    two_blocks = "```\nls\n```\n```\nvalidate\n```\n"
+    assert isolate(two_blocks, ThoughtActionParser()) == "validate"
+    with pytest.raises(FormatError, match="more than one code block"):
+        isolate(two_blocks, StrictThoughtActionParser())
+    # Without a parser it falls back to thought_action.
+    assert isolate(two_blocks) == "validate"
+
+
+def test_isolator_format_errors():
+    with pytest.raises(FormatError, match="No action found"):
+        isolate("I will think about it.", ThoughtActionParser())
+    with pytest.raises(FormatError, match="empty"):
+        isolate("nothing\n```\n  \n```\n", ThoughtActionParser())
+
+
+def test_registered_isolator():
+    isolator = registry.get("isolator", "code_block")
+    assert isinstance(isolator, CodeBlockIsolator)
+    parser = registry.get("parser", "thought_action")
+    assert isolator("x\n```\ninsert 2\nimport os\nend_of_insert\n```", parser) == (
+        "insert 2 << 'end_of_insert'\nimport os\nend_of_insert"
+    )
