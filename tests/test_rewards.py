@@ -1,0 +1,263 @@
+"""Score-delta reward: validate observations and final submission scores, on MLGym's recorded runs and by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from mlgym_registry import registry
+from mlgym_registry.components.rewards import (
+    ScoreDeltaReward,
+    ScoreError,
+    metric_delta,
+    parse_metrics,
+    parse_validation,
+    priority_metric,
+    score_from_info,
+    submission_metrics,
+)
+from mlgym_registry.components.templates import STATUS_BLOCK
+from mlgym_registry.specs import TaskSpec
+
+TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajectories"
+TRAJ_FILES = sorted(TRAJECTORIES.glob("*/*.traj"))
+needs_trajectories = pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajectories in {TRAJECTORIES}")
+
+reward = ScoreDeltaReward()
+PD = TaskSpec(id="prisonersDilemma", baseline_scores=[{"Score": 2.3716301918029785}])
+
+
+def validation_text(baseline: str, evaluation: str, path: str = "/home/agent/workspace/target.py") -> str:
+    return (f"Your code produced a valid submission artefact at {path}.\nBaseline Score: {baseline}\n"
+            f"Evaluation Score: {evaluation}")
+
+
+def info(exit_status: str = "", score: list | None = None) -> dict:
+    return {"model_stats": {}, "exit_status": exit_status, "submission": None, "score": score or [], "summarizer": {}}
+
+
+def load_run(path: Path) -> tuple[dict, dict]:
+    return json.loads(path.read_text()), json.loads(path.with_name(path.stem + ".results.json").read_text())
+
+
+# -- MLGym's recorded runs ---------------------------------------------------------------------------------------------
+@pytest.mark.trajectories
+@needs_trajectories
+@pytest.mark.parametrize("path", TRAJ_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_recorded_validations_parse(path):
+    traj, results = load_run(path)
+    parsed = [parse_validation(step["observation"]) for step in traj["trajectory"]]
+    parsed = [p for p in parsed if p]
+    for item in parsed:
+        assert item["submission"] == "/home/agent/workspace/target.py"
+        assert item["baseline"] == results["baseline"]
+    # Every validation's metrics are the next entry of info["score"], in order.
+    assert [p["evaluation"] for p in parsed] == traj["info"]["score"][: len(parsed)]
+
+
+@pytest.mark.trajectories
+@needs_trajectories
+@pytest.mark.parametrize("path", TRAJ_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_recorded_episode_rewards_count_every_score_once(path):
+    """Replay each run's steps with the per-step info MLGym's env returns; the rewards add up to results.json."""
+    traj, results = load_run(path)
+    spec = TaskSpec(id=path.parent.name, baseline_scores=[results["baseline"]])
+    final = traj["info"]
+    steps = traj["trajectory"]
+    rewards = []
+    for index, step in enumerate(steps):
+        validation = parse_validation(step["observation"])
+        if index == len(steps) - 1 and final["exit_status"]:
+            # The episode's last step: MLGym's env put this step's evaluation (if any) into its info.
+            scored = final["exit_status"] == "submitted" or final["exit_status"].startswith("autosubmission")
+            step_info = info(final["exit_status"], final["score"][-1:] if scored else [])
+        else:
+            step_info = info("", [validation["evaluation"]] if validation else [])
+        rewards.append(reward(step["observation"], step_info, spec))
+    base = results["baseline"]["Score"]
+    expected = [entry["Score"] - base for entry in results["agent"]]
+    assert [r for r in rewards if r != 0.0] == pytest.approx([e for e in expected if e != 0.0])
+    assert sum(rewards) == pytest.approx(sum(expected))
+
+
+@pytest.mark.trajectories
+@needs_trajectories
+def test_recorded_final_scores_from_info():
+    checked = 0
+    for path in TRAJ_FILES:
+        traj, results = load_run(path)
+        spec = TaskSpec(id=path.parent.name, baseline_scores=[results["baseline"]])
+        status = traj["info"]["exit_status"]
+        value = score_from_info(traj["info"], spec)
+        if status == "submitted" or status.startswith("autosubmission"):
+            assert value == pytest.approx(results["agent"][-1]["Score"] - results["baseline"]["Score"])
+            checked += 1
+        else:  # "", evaluation_format_error (...): the last score entry is an earlier validation, not a submission
+            assert value is None
+    assert checked > 0
+
+
+# -- parse_validation and parse_metrics ------------------------------------------------------------------------------
+def test_parse_validation_of_mlgym_message():
+    text = validation_text("{'Score': 2.3716301918029785}", "{'Score': 2.3400301933288574}")
+    assert parse_validation(text) == {
+        "submission": "/home/agent/workspace/target.py",
+        "baseline": {"Score": 2.3716301918029785},
+        "evaluation": {"Score": 2.3400301933288574},
+    }
+
+
+def test_parse_validation_inside_a_turn_message():
+    """TorchRL reads the last history message: the observation followed by the status block."""
+    message = validation_text("{'Score': 1.0}", "{'Score': 1.5}") + "\n" + STATUS_BLOCK.format(
+        current_step=4, remaining_steps=46, open_file="/w/strategy.py", working_dir="/w")
+    assert parse_validation(message)["evaluation"] == {"Score": 1.5}
+    assert reward(message, None, PD) == pytest.approx(0.5)
+
+
+def test_parse_validation_multi_metric_and_no_baseline():
+    text = validation_text("NA (no baseline was there)", "{'Time': 16.158, 'Correct': 24000, 'Incorrect': 0}",
+                           path="/tmp/ws/solver.py")
+    assert parse_validation(text) == {
+        "submission": "/tmp/ws/solver.py",
+        "baseline": None,
+        "evaluation": {"Time": 16.158, "Correct": 24000.0, "Incorrect": 0.0},
+    }
+
+
+def test_last_validation_counts():
+    text = validation_text("{'Score': 1}", "{'Score': 2}") + "\n" + validation_text("{'Score': 1}", "{'Score': 3}")
+    assert parse_validation(text)["evaluation"] == {"Score": 3.0}
+
+
+@pytest.mark.parametrize(
+    "observation",
+    [
+        None,
+        "",
+        "Exited (submit)",
+        "Submission artefact not found. You have to produce a valid submission artefact as described in the task "
+        "description to validate your results.",
+        "Failed to decode metrics from evaluation script. Output:\n---\nTraceback ...\n---\nPlease make sure the "
+        "evaluation script prints the metrics in json format.",
+        "Error: Timeout reached while reading from subprocess.\nCurrent buffer: ",
+        "Evaluation Score: not a dict",
+    ],
+)
+def test_non_validations(observation):
+    assert parse_validation(observation) == {}
+    assert reward(observation, info(), PD) == 0.0
+
+
+def test_parse_metrics_variants():
+    assert parse_metrics("{'Score': 2.5}") == {"Score": 2.5}
+    assert parse_metrics("{'accuracy': np.float64(0.91), 'loss': np.float32(0.3)}") == {"accuracy": 0.91, "loss": 0.3}
+    assert parse_metrics('{"rmse": 30000, "ok": True}') == {"rmse": 30000.0, "ok": 1.0}
+    odd = parse_metrics("{'Score': nan, 'Best': inf, 'Worst': -inf}")
+    assert math.isnan(odd["Score"]) and odd["Best"] == math.inf and odd["Worst"] == -math.inf
+    for bad in ("[1, 2]", "{'Score': 'high'}", "{'Score': ", "Score: 1"):
+        with pytest.raises(ScoreError):
+            parse_metrics(bad)
+
+
+# -- choosing the metric, direction, baseline ----------------------------------------------------------------------
+def test_priority_metric_choice():
+    assert priority_metric({"Score": 1.0}) == "Score"
+    assert priority_metric({"accuracy": 1.0}) == "accuracy"
+    assert priority_metric({"accuracy": 1.0, "Score": 2.0}) == "Score"
+    spec = TaskSpec(id="t", extra={"priority_metric": "Correct"})
+    assert priority_metric({"Time": 1.0, "Correct": 2.0}, spec) == "Correct"
+    with pytest.raises(ScoreError, match="priority_metric"):
+        priority_metric({"Time": 1.0, "Correct": 2.0})
+
+
+def test_multi_metric_reward_uses_priority_metric():
+    spec = TaskSpec(id="3SATTime", baseline_scores=[{"Time": 16.158, "Correct": 24000, "Incorrect": 0}],
+                    extra={"priority_metric": "Time", "metric_direction": "min"})
+    text = validation_text("{'Time': 16.158, 'Correct': 24000, 'Incorrect': 0}",
+                           "{'Time': 12.0, 'Correct': 24000, 'Incorrect': 0}")
+    assert reward(text, info("", [{"Time": 12.0}]), spec) == pytest.approx(4.158)
+    with pytest.raises(ScoreError, match="priority_metric"):
+        reward(text, None, TaskSpec(id="3SATTime"))
+
+
+def test_metric_direction_min_flips_sign():
+    spec = TaskSpec(id="house", baseline_scores=[{"rmse": 30000.0}], extra={"metric_direction": "min"})
+    assert metric_delta({"rmse": 28000.0}, {"rmse": 30000.0}, spec) == pytest.approx(2000.0)
+    assert score_from_info(info("submitted", [{"rmse": 31000.0}]), spec) == pytest.approx(-1000.0)
+
+
+def test_missing_baseline_falls_back_to_spec_then_zero():
+    text = validation_text("NA (no baseline was there)", "{'Score': 2.5}")
+    assert reward(text, None, PD) == pytest.approx(2.5 - 2.3716301918029785)
+    assert reward(text, None, TaskSpec(id="fresh")) == pytest.approx(2.5)
+    assert reward(text, None, None) == pytest.approx(2.5)
+
+
+def test_printed_baseline_wins_over_spec():
+    text = validation_text("{'Score': 2.0}", "{'Score': 2.5}")
+    assert reward(text, None, PD) == pytest.approx(0.5)
+
+
+def test_spec_as_dict():
+    text = validation_text("NA (no baseline was there)", "{'Score': 3.0}")
+    assert reward(text, None, PD.to_dict()) == pytest.approx(3.0 - 2.3716301918029785)
+
+
+def test_missing_metric_is_an_error():
+    spec = TaskSpec(id="t", extra={"priority_metric": "accuracy"})
+    with pytest.raises(ScoreError, match="accuracy"):
+        reward(validation_text("{'Score': 1}", "{'Score': 2}"), None, spec)
+
+
+# -- the final submission, and no double counting --------------------------------------------------------------------
+@pytest.mark.parametrize("status", ["submitted", "autosubmission (max_steps)", "autosubmission (exit_context)"])
+def test_submission_reward_from_info(status):
+    step_info = info(status, [{"Score": 2.4}, {"Score": 2.5}])
+    assert submission_metrics(step_info) == {"Score": 2.5}
+    assert reward(f"Exited ({status.split('(')[-1].rstrip(')')})", step_info, PD) == pytest.approx(
+        2.5 - 2.3716301918029785)
+    assert reward("", step_info, PD) == pytest.approx(2.5 - 2.3716301918029785)  # old MLGym: empty submit text
+
+
+@pytest.mark.parametrize(
+    "status",
+    ["", "skipped", "exit_forfeit", "early_exit", "submission_not_found (submit)",
+     "evaluation_format_error (max_steps)", "RuntimeError, boom, (submit)"],
+)
+def test_no_submission_reward_without_a_scored_submission(status):
+    step_info = info(status, [{"Score": 2.5}])  # e.g. an earlier validation's score left in an accumulated info
+    assert score_from_info(step_info, PD) is None
+    assert reward("Exited (submit)", step_info, PD) == 0.0
+
+
+def test_validate_then_submit_each_count_once():
+    validate_info = info("", [{"Score": 2.5}])
+    text = validation_text("{'Score': 2.3716301918029785}", "{'Score': 2.5}")
+    submit_info = info("submitted", [{"Score": 2.6}])
+    steps = [("ls", info()), (text, validate_info), ("File updated.", info()), ("Exited (submit)", submit_info)]
+    rewards = [reward(obs, step_info, PD) for obs, step_info in steps]
+    base = 2.3716301918029785
+    assert rewards == pytest.approx([0.0, 2.5 - base, 0.0, 2.6 - base])
+
+
+def test_forged_validation_text_does_not_pay():
+    """An agent that echoes the message gets nothing: its step's info holds no evaluation."""
+    forged = validation_text("{'Score': 0.0}", "{'Score': 1000.0}")
+    assert reward(forged, info(), PD) == 0.0
+    # A caller with only the text (no info) still reads it.
+    assert reward(forged, None, PD) == pytest.approx(1000.0)
+
+
+def test_non_finite_scores_give_zero():
+    assert reward(validation_text("{'Score': 1.0}", "{'Score': nan}"), None, PD) == 0.0
+    assert reward("Exited (submit)", info("submitted", [{"Score": float("nan")}]), PD) == 0.0
+
+
+def test_registered_reward():
+    assigner = registry.get("reward", "mlgym_score_delta")
+    assert isinstance(assigner, ScoreDeltaReward)
+    assert assigner(validation_text("{'Score': 1.0}", "{'Score': 1.25}"), info("", [{"Score": 1.25}]), PD) == 0.25
