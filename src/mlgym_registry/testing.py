@@ -1,0 +1,493 @@
+"""The conformance kit: check that a component honours its contract before you register it.
+
+Each ``check_*`` function exercises one kind of component the way the chain will, and raises ``ConformanceError``
+(an ``AssertionError``, so pytest shows it as a failure) with a message that says what broke and what the contract
+expects. They return normally when the component conforms::
+
+    from mlgym_registry.testing import check_parser
+    check_parser(MyParser())
+
+``registered_plugin`` is a pytest fixture that adds a plugin to the registry for one test and removes it after;
+expose it to your tests with ``from mlgym_registry.testing import registered_plugin`` in your ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import shutil
+import string
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import FormatError, MLGymRegistryError
+from .specs import TaskSpec
+
+__all__ = [
+    "ConformanceError",
+    "EvaluationRun",
+    "TaskCheck",
+    "check_backend",
+    "check_isolator",
+    "check_parser",
+    "check_reward_assigner",
+    "check_task",
+    "check_template",
+    "registered_plugin",
+    "run_evaluator",
+]
+
+
+class ConformanceError(AssertionError):
+    """A component that does not honour its contract; the message says which part and why."""
+
+
+def _fail(what: str, why: str) -> None:
+    raise ConformanceError(f"{what}: {why}")
+
+
+def _name(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or type(obj).__qualname__
+
+
+# -- parsers -----------------------------------------------------------------------------------------------------
+WELL_FORMED_RESPONSES = (
+    "DISCUSSION\nLet me look at the files first.\n```\nls -a\n```",
+    "<command>\nls -a\n</command>",
+    '{"thought": "Let me look at the files first.", "command": "ls -a"}',
+    "ls -a",
+)
+"""One response in each common style, all asking for ``ls -a``: a parser must understand at least one."""
+
+ODD_RESPONSES = (
+    "",
+    "I think we should look at the files.",
+    "```\nls -a",
+    "```\n```",
+    "DISCUSSION\n```python\nprint('nested')\n```\nno closing fence",
+    "caf\u00e9 \u2603 \x00 \ufffd",
+    "x" * 100_000,
+)
+"""Responses a model really produces: empty, prose only, unclosed or empty blocks, odd characters, huge text."""
+
+
+def check_parser(parser: Callable[[str], Any], *, well_formed: dict[str, str] | None = None,
+                 malformed: tuple[str, ...] = ()) -> None:
+    """Check ``parser(response) -> (thought, action)`` and its ``FormatError`` contract.
+
+    ``well_formed`` maps responses to the action they must give (stripped); by default the parser must read
+    ``ls -a`` out of at least one of ``WELL_FORMED_RESPONSES``. Every odd response must give a ``(str, str)`` pair or
+    raise ``FormatError``; each of ``malformed`` must raise ``FormatError``. The result must not vary between calls.
+    """
+    what = f"parser {_name(parser)}"
+    if not callable(parser):
+        _fail(what, "is not callable; a parser is a callable parser(response: str) -> (thought, action)")
+    examples = well_formed or {response: "ls -a" for response in WELL_FORMED_RESPONSES}
+    understood = []
+    for response, expected in examples.items():
+        result = _parse(parser, response, what)
+        if result is not None and result[1].strip() == expected.strip():
+            understood.append(response)
+        elif well_formed is not None:
+            got = "a FormatError" if result is None else repr(result[1])
+            _fail(what, f"parsed {response!r} into {got}; expected the action {expected!r}")
+    if not understood:
+        _fail(what, f"read the action 'ls -a' out of none of {list(examples)}; it must understand at least one")
+    for response in ODD_RESPONSES + tuple(understood):
+        first = _parse(parser, response, what)
+        if _parse(parser, response, what) != first:
+            _fail(what, f"gave different results for the same response {response[:60]!r}; a parser must be pure")
+    for response in malformed:
+        if _parse(parser, response, what) is not None:
+            _fail(what, f"accepted the malformed response {response[:60]!r}; it must raise FormatError")
+
+
+def _parse(parser: Callable[[str], Any], response: str, what: str) -> tuple[str, str] | None:
+    """The parser's ``(thought, action)``, or None for a ``FormatError``; anything else fails the check."""
+    shown = response[:60] + ("..." if len(response) > 60 else "")
+    try:
+        result = parser(response)
+    except FormatError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - any other exception is exactly what the check reports
+        _fail(what, f"raised {type(exc).__name__}: {exc} on {shown!r}; when a response holds no action a parser "
+                    f"must raise mlgym_registry.errors.FormatError, and nothing else")
+    if not (isinstance(result, tuple) and len(result) == 2 and all(isinstance(part, str) for part in result)):
+        _fail(what, f"returned {result!r:.80} for {shown!r}; it must return a (thought, action) tuple of two strings")
+    return result
+
+
+# -- reward assigners --------------------------------------------------------------------------------------------
+def _reward_cases(spec: TaskSpec) -> list[tuple[str, str, dict[str, Any]]]:
+    from .backends.protocol import new_info
+
+    baseline = spec.baseline or {"Score": 1.0}
+    better = {key: float(value) + 1.0 for key, value in baseline.items()}
+    validated = new_info()
+    validated["score"] = [better]
+    submitted = copy.deepcopy(validated)
+    submitted.update(exit_status="submitted", submission="target.py")
+    validate_text = (f"Your code produced a valid submission artefact at /w/target.py.\nBaseline Score: {baseline}\n"
+                     f"Evaluation Score: {better}")
+    return [
+        ("a plain observation", "file.txt\nstrategy.py", new_info()),
+        ("an empty observation", "", new_info()),
+        ("a validate observation", validate_text, validated),
+        ("the final submit", "Exited (submit)", submitted),
+        ("a format error", "Malformed edit command.", new_info()),
+    ]
+
+
+def check_reward_assigner(reward: Callable[..., Any], spec: TaskSpec | None = None) -> None:
+    """Check ``reward(observation, info, spec) -> float`` on plain, empty, validate, submit and error steps.
+
+    Each call must return a finite real number, leave ``info`` unchanged and give the same value when repeated.
+    """
+    what = f"reward assigner {_name(reward)}"
+    if not callable(reward):
+        _fail(what, "is not callable; a reward assigner is reward(observation, info, spec) -> float")
+    spec = spec or _example_spec()
+    for label, observation, info in _reward_cases(spec):
+        before = copy.deepcopy(info)
+        values = []
+        for _ in range(2):
+            try:
+                value = reward(observation, info, spec)
+            except Exception as exc:  # noqa: BLE001 - reported as the failure
+                _fail(what, f"raised {type(exc).__name__}: {exc} on {label}; it must return a float for every step")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                _fail(what, f"returned {value!r} ({type(value).__name__}) on {label}; it must return a finite float")
+            values.append(float(value))
+        if info != before:
+            _fail(what, f"changed the info dict on {label} ({before} -> {info}); it must only read it")
+        if values[0] != values[1]:
+            _fail(what, f"returned {values[0]} then {values[1]} for the same {label}; it must be a pure function")
+
+
+def _example_spec() -> TaskSpec:
+    return TaskSpec(id="conformance", name="conformance", description="A task used by the conformance kit.",
+                    baseline_scores=[{"Score": 1.0}])
+
+
+# -- templates ---------------------------------------------------------------------------------------------------
+STATE_FIELDS = {"open_file": "n/a", "working_dir": "/workspace"}
+TOOL_VARIABLES = {"WINDOW": "100", "OVERLAP": "2", "CURRENT_LINE": "0", "CURRENT_FILE": "", "SEARCH_RESULTS": "()",
+                  "SEARCH_FILES": "()", "SEARCH_INDEX": "0"}
+"""MLGym's default tool env variables: system templates may use any of them (``{WINDOW}`` in MLGym's)."""
+
+
+def check_template(template: Any, spec: TaskSpec | None = None) -> None:
+    """Check a template set: a ``TemplateSet`` (or a zero-argument callable returning one) whose templates format
+    with MLGym's placeholders, and whose next-step template shows the observation."""
+    from .components.template_set import TemplateSet
+
+    what = f"template {_name(template)}"
+    templates = template() if callable(template) and not isinstance(template, TemplateSet) else template
+    if not isinstance(templates, TemplateSet):
+        _fail(what, f"is a {type(templates).__name__}; register a TemplateSet or a zero-argument callable "
+                    f"returning one")
+    spec = spec or _example_spec()
+    fields = {**spec.to_dict(), **STATE_FIELDS, "command_docs": "open <path>: open a file", **TOOL_VARIABLES,
+              "current_step": 3, "remaining_steps": 7, "observation": "OBSERVATION-MARKER"}
+    for name in ("system_template", "task_template", "next_step_template", "next_step_no_output_template",
+                 "strategy_template", "demonstration_template", "format_error_template"):
+        text = getattr(templates, name)
+        if text is None:
+            if name in ("system_template", "task_template"):
+                _fail(what, f"has no {name}; it is required")
+            continue
+        if not isinstance(text, str):
+            _fail(what, f"{name} is a {type(text).__name__}, not a str")
+        try:
+            string.Formatter().vformat(text, (), _Fields(fields, {"demonstration": "DEMO"}))
+        except (KeyError, IndexError, ValueError) as exc:
+            _fail(what, f"{name} does not format with MLGym's placeholders: {type(exc).__name__}: {exc}")
+    if "OBSERVATION-MARKER" not in templates.next_step.format_map(_Fields(fields, {})):
+        _fail(what, "the next-step template does not show {observation}; the model would never see command output")
+
+
+class _Fields(dict):
+    """Format fields: the known ones, plus ``extra``; an unknown name raises ``KeyError`` naming it."""
+
+    def __init__(self, fields: dict[str, Any], extra: dict[str, Any]):
+        super().__init__({**fields, **extra})
+
+    def __missing__(self, key: str) -> Any:
+        raise KeyError(f"unknown placeholder {{{key}}}")
+
+
+# -- isolators ---------------------------------------------------------------------------------------------------
+EDIT_RESPONSE = "DISCUSSION\nReplace the function.\n```\nedit 1:2\ndef f(x):\n    return (x, 'a')\nend_of_edit\n```"
+
+
+def check_isolator(isolator: Callable[..., Any], parser: Callable[[str], Any] | None = None) -> None:
+    """Check ``isolator(response, parser) -> action``: a plain command comes through, a response without a command
+    raises ``FormatError``, and a multi-line ``edit`` comes out as one shell-safe command (what MLGym's heredoc
+    guard ensures: ``bash -n`` accepts it, its body is kept)."""
+    from .components.parsers import ThoughtActionParser
+
+    what = f"isolator {_name(isolator)}"
+    parser = parser or ThoughtActionParser()
+    if not callable(isolator):
+        _fail(what, "is not callable; an isolator is isolator(response, parser) -> action")
+    action = _isolate(isolator, WELL_FORMED_RESPONSES[0], parser, what)
+    if action is None or action.strip() != "ls -a":
+        _fail(what, f"turned a fenced 'ls -a' into {action!r}; expected the action 'ls -a'")
+    for response in ("", "Just thinking out loud, no command."):
+        if _isolate(isolator, response, parser, what) is not None:
+            _fail(what, f"accepted {response!r}, which holds no command; it must raise FormatError")
+    edit = _isolate(isolator, EDIT_RESPONSE, parser, what)
+    if edit is None or not edit.lstrip().startswith("edit 1:2") or "return (x, 'a')" not in edit:
+        _fail(what, f"turned an edit into {edit!r}; the edit command and its body must be kept")
+    bash = shutil.which("bash")
+    if bash is not None:
+        check = subprocess.run([bash, "-n"], input=edit, text=True, capture_output=True, timeout=10)
+        if check.returncode != 0:
+            _fail(what, f"left the edit body unguarded: bash -n rejects {edit!r} ({check.stderr.strip()}); guard "
+                        f"multi-line edit/insert bodies with a heredoc (<< 'end_of_edit') as MLGym's agent does")
+
+
+def _isolate(isolator: Callable[..., Any], response: str, parser: Any, what: str) -> str | None:
+    try:
+        action = isolator(response, parser)
+    except FormatError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - reported as the failure
+        _fail(what, f"raised {type(exc).__name__}: {exc} on {response[:60]!r}; it must raise FormatError only")
+    if not isinstance(action, str):
+        _fail(what, f"returned {type(action).__name__} for {response[:60]!r}; it must return the action as a str")
+    return action
+
+
+# -- backends ----------------------------------------------------------------------------------------------------
+def check_backend(factory: Callable[..., Any], spec: TaskSpec | str = "prisonersDilemma", **options: Any) -> None:
+    """Run a short episode on a backend and check MLGym's contract: reset, tools, a command, step counting, the
+    five-key ``info``, a submit that ends the episode with a score, and a ``close`` that leaves nothing behind."""
+    from .backends.protocol import INFO_KEYS, ToolSet
+    from .registry import registry
+
+    what = f"backend {_name(factory)}"
+    spec = registry.spec(spec) if isinstance(spec, str) else spec
+    backend = factory(spec, **options)
+    workspace: Path | None = None
+    try:
+        reset = backend.reset(seed=0)
+        if not (isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[0], dict)):
+            _fail(what, f"reset() returned {reset!r}; it must return ({{'observation': None}}, {{}})")
+        workspace = Path(backend.task_workspace)
+        if not workspace.is_dir():
+            _fail(what, f"task_workspace {workspace} is not a directory after reset()")
+        tools = backend.install_tools()
+        if not isinstance(tools, ToolSet):
+            _fail(what, f"install_tools() returned {type(tools).__name__}; it must return a ToolSet")
+        output = backend.communicate("echo conformance")
+        if output.strip() != "conformance" or backend.returncode != 0:
+            _fail(what, f"communicate('echo conformance') gave {output!r} (returncode {backend.returncode})")
+        state = json.loads(backend.communicate(tools.state_command))
+        if not {"open_file", "working_dir"} <= set(state):
+            _fail(what, f"the state command printed {state}; it needs open_file and working_dir")
+        result = backend.step("ls")
+        if not (isinstance(result, tuple) and len(result) == 4):
+            _fail(what, f"step() returned {result!r:.80}; it must return (observation, reward, done, info)")
+        observation, _reward, done, info = result
+        if set(info) != set(INFO_KEYS):
+            _fail(what, f"step() info has keys {sorted(info)}; MLGym's info has exactly {list(INFO_KEYS)}")
+        if done or backend.current_step != 1:
+            _fail(what, f"after one step done={done} and current_step={backend.current_step}; expected False and 1")
+        starter = {Path(path).name for path in spec.starter_code}
+        if starter and not starter & set((observation or "").split()):
+            _fail(what, f"'ls' in the workspace showed {observation!r}; starter files {sorted(starter)} are missing")
+        observation, _reward, done, info = backend.step("submit")
+        if not done or info.get("exit_status") != "submitted" or not info.get("score"):
+            _fail(what, f"submit gave done={done}, exit_status={info.get('exit_status')!r}, score={info.get('score')}; "
+                        f"expected done, 'submitted' and a score")
+    finally:
+        backend.close()
+    backend.close()  # closing twice must be harmless
+    if workspace is not None and workspace.exists():
+        _fail(what, f"close() left the workspace {workspace} on disk")
+
+
+# -- tasks -------------------------------------------------------------------------------------------------------
+@dataclass
+class EvaluationRun:
+    """One run of a task's evaluator: the seed, the metrics it printed, how long it took."""
+
+    seed: int
+    metrics: dict[str, float]
+
+
+@dataclass
+class TaskCheck:
+    """What ``check_task`` found: the spec, each evaluation run, and the verdict per metric."""
+
+    spec: TaskSpec
+    runs: list[EvaluationRun] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong."""
+        return not self.problems
+
+
+def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: bool = True) -> TaskCheck:
+    """Check a task for suite maintainers: it loads, its files exist, its evaluator runs on the starter code and
+    prints its metrics, and its recorded baseline matches fresh runs within the evaluator's own noise.
+
+    ``task`` is a registered name, a ``TaskSpec`` or a path to a task YAML file. The evaluator runs ``runs`` times
+    with different seeds; the baseline must lie within four standard deviations of their mean (or 0.1 % of it when
+    the runs agree exactly).
+    """
+    spec = _load_task(task)
+    report = TaskCheck(spec)
+    missing = [path for path in spec.starter_code if not spec.resolve_path(path).exists()]
+    if missing:
+        report.problems.append(f"starter files missing: {missing} (resolved against {spec.root})")
+    starter_names = {Path(path).name for path in spec.starter_code}
+    for path in spec.evaluation_paths + spec.baseline_paths:
+        if Path(path).parts[0] not in starter_names:
+            report.problems.append(f"{path!r} is not among the starter files {sorted(starter_names)}")
+    if not spec.evaluation_paths:
+        report.problems.append("no evaluation_paths: the task has no evaluator")
+    if report.problems:
+        return _conclude(report, raise_on_failure)
+    for seed in range(runs):
+        try:
+            report.runs.append(EvaluationRun(seed, run_evaluator(spec, seed=seed)))
+        except MLGymRegistryError as exc:
+            report.problems.append(str(exc))
+            return _conclude(report, raise_on_failure)
+    _compare_baseline(report)
+    return _conclude(report, raise_on_failure)
+
+
+def _load_task(task: TaskSpec | str | Path) -> TaskSpec:
+    from .registry import registry
+    from .specs import load_task_yaml
+
+    if isinstance(task, TaskSpec):
+        return task
+    if isinstance(task, Path) or str(task).endswith((".yaml", ".yml")):
+        return load_task_yaml(task)
+    return registry.spec(str(task))
+
+
+def _compare_baseline(report: TaskCheck) -> None:
+    spec = report.spec
+    if not spec.baseline:
+        report.problems.append("no baseline_scores recorded; run the evaluator on the starter code and record them")
+        return
+    for metric, recorded in spec.baseline.items():
+        values = [run.metrics.get(metric) for run in report.runs]
+        if any(value is None for value in values):
+            report.problems.append(f"the evaluator did not print the baseline metric {metric!r}")
+            continue
+        mean = sum(values) / len(values)
+        spread = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
+        tolerance = max(4 * spread, 1e-3 * max(abs(mean), 1e-9))
+        line = f"{metric}: recorded {recorded:.6g}, fresh {mean:.6g} +/- {spread:.2g} over {len(values)} runs"
+        if abs(float(recorded) - mean) > tolerance:
+            report.problems.append(f"baseline does not match: {line} (tolerance {tolerance:.2g})")
+        else:
+            report.notes.append(line)
+
+
+def _conclude(report: TaskCheck, raise_on_failure: bool) -> TaskCheck:
+    if report.problems and raise_on_failure:
+        raise ConformanceError(f"task {report.spec.id!r}: " + "; ".join(report.problems))
+    return report
+
+
+def run_evaluator(spec: TaskSpec, *, seed: int | None = None, timeout: float | None = None) -> dict[str, float]:
+    """Copy the starter files to a temporary workspace, run the baseline script if the task has a submission file
+    to produce, run the evaluator, and return the metrics it printed (the first JSON object line of its output)."""
+    timeout = timeout or float(spec.training_timeout or 1800)
+    env = {**os.environ, "MLGYM_REGISTRY_SEED": str(seed)} if seed is not None else dict(os.environ)
+    with tempfile.TemporaryDirectory(prefix="mlgym-registry-check-") as folder:
+        workspace = Path(folder)
+        for path in spec.starter_code:
+            source = spec.resolve_path(path)
+            target = workspace / source.name
+            if source.is_dir():
+                shutil.copytree(source, target)
+            else:
+                shutil.copy2(source, target)
+        for dataset in spec.datasets:
+            data_path = dataset.get("data_path") if isinstance(dataset, dict) else None
+            if data_path and spec.resolve_path(data_path).exists():
+                shutil.copytree(spec.resolve_path(data_path), workspace / "data", dirs_exist_ok=True)
+        evaluator = workspace / spec.evaluation_paths[0]
+        command = [sys.executable, str(evaluator)]
+        if spec.task_entrypoint == "CSVSubmissionTasks":
+            baseline_script = [p for p in spec.baseline_paths if p != spec.evaluation_paths[0]]
+            if baseline_script:
+                _run([sys.executable, str(workspace / baseline_script[0])], workspace, env, timeout, spec)
+            command += ["--submission_file", str(workspace / "submission.csv")]
+        output = _run(command, workspace, env, timeout, spec)
+    for line in output.splitlines():
+        if line.strip().startswith("{"):
+            try:
+                metrics = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(metrics, dict):
+                return metrics
+    raise MLGymRegistryError(f"task {spec.id!r}: the evaluator printed no JSON metrics; its output was:\n{output}")
+
+
+def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float, spec: TaskSpec) -> str:
+    try:
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        name = Path(command[1]).name
+        raise MLGymRegistryError(f"task {spec.id!r}: {name} ran longer than {timeout:.0f} s") from None
+    if done.returncode != 0:
+        raise MLGymRegistryError(
+            f"task {spec.id!r}: {' '.join(Path(c).name for c in command[1:])} exited with {done.returncode}:\n"
+            f"{(done.stdout + done.stderr).strip()[-2000:]}"
+        )
+    return done.stdout
+
+
+# -- pytest fixture ----------------------------------------------------------------------------------------------
+def _registered_plugin() -> Iterator[Callable[..., Any]]:
+    from .registry import registry as default_registry
+
+    added: list[tuple[Any, str]] = []
+
+    def add(plugin: object, name: str | None = None, *, registry: Any = None) -> Any:
+        """Load ``plugin`` (a module or object with ``@hookimpl`` functions) into the registry for this test."""
+        target = registry or default_registry
+        plugin_name = name or getattr(plugin, "__name__", None) or f"test-plugin-{id(plugin)}"
+        info = target.add_plugin(plugin, name=plugin_name)
+        added.append((target, plugin_name))
+        if info.error:
+            raise ConformanceError(f"plugin {plugin_name!r} failed to load: {info.error}")
+        return info
+
+    try:
+        yield add
+    finally:
+        for target, plugin_name in reversed(added):
+            target.remove_plugin(plugin_name)
+
+
+try:
+    import pytest
+except ImportError:  # pytest is only needed by people testing plugins
+    registered_plugin = None
+else:
+    registered_plugin = pytest.fixture(_registered_plugin)
+    registered_plugin.__doc__ = (
+        "A pytest fixture: ``registered_plugin(plugin, name=None)`` loads ``plugin`` into the registry for the "
+        "current test and removes it, with everything it registered, when the test ends."
+    )

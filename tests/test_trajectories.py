@@ -1,0 +1,88 @@
+"""MLGym's .traj and results.json: reading real recordings, writing our own, and atomic per-step saves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlgym_registry.trajectories import (
+    STEP_KEYS,
+    Step,
+    TrajectoryError,
+    TrajectoryWriter,
+    load_results,
+    load_traj,
+    trajectory_from_dict,
+)
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajectories"
+RECORDED = sorted(SHARED.glob("*/*.traj"))
+
+
+def make_step(action: str = "ls -a\n", observation: str = "strategy.py") -> Step:
+    response = f"DISCUSSION\nlook\n```\n{action}```"
+    return Step(action=action, observation=observation, response=response, state='{"open_file": "n/a"}',
+                thought="DISCUSSION\nlook\n", execution_time=0.25)
+
+
+def test_writer_saves_loadable_files_after_every_step(tmp_path):
+    writer = TrajectoryWriter(tmp_path, "prisonersDilemma", baseline={"Score": 2.37})
+    writer.system("system prompt")
+    writer.user("task prompt")
+    assert load_traj(writer.traj_path).steps == []
+    writer.step(make_step(), info={"score": [], "exit_status": ""})
+    loaded = load_traj(tmp_path / "prisonersDilemma.traj")
+    assert [s.action for s in loaded.steps] == ["ls -a\n"]
+    assert [h["role"] for h in loaded.history] == ["system", "user", "assistant"]
+    assert loaded.history[-1]["action"] == "ls -a\n" and loaded.history[-1]["thought"] == "DISCUSSION\nlook\n"
+    writer.user("next prompt")
+    writer.step(make_step("submit\n", "Exited (submit)"), info={"score": [{"Score": 2.6}], "exit_status": "submitted"})
+    writer.finish()
+    loaded = load_traj(writer.traj_path)
+    assert len(loaded.steps) == 2 and loaded.info["exit_status"] == "submitted"
+    assert load_results(writer.results_path) == {"agent": [{"Score": 2.6}], "baseline": {"Score": 2.37}}
+    data = json.loads(writer.traj_path.read_text())
+    assert list(data) == ["environment", "trajectory", "history", "info"]
+    assert list(data["trajectory"][0]) == list(STEP_KEYS)
+    assert not list(tmp_path.glob(".*.tmp")), "temporary files must not be left behind"
+
+
+def test_writer_turns_numpy_and_paths_into_json(tmp_path):
+    np = pytest.importorskip("numpy")
+    writer = TrajectoryWriter(tmp_path, "t")
+    writer.finish(info={"score": [{"Score": np.float32(1.5)}], "submission": tmp_path / "x.py"})
+    assert load_results(writer.results_path)["agent"] == [{"Score": 1.5}]
+    assert load_traj(writer.traj_path).info["submission"] == str(tmp_path / "x.py")
+
+
+@pytest.mark.parametrize("data, message", [
+    ([], "JSON object"),
+    ({"trajectory": [], "history": []}, "lacks the key"),
+    ({"environment": "e", "trajectory": [{"action": "ls"}], "history": [], "info": {}}, "step 0 lacks"),
+])
+def test_invalid_trajectories_are_reported(data, message):
+    with pytest.raises(TrajectoryError, match=message):
+        trajectory_from_dict(data)
+
+
+def test_missing_and_corrupt_files(tmp_path):
+    with pytest.raises(TrajectoryError, match="does not exist"):
+        load_traj(tmp_path / "nope.traj")
+    broken = tmp_path / "broken.traj"
+    broken.write_text('{"environment": ')
+    with pytest.raises(TrajectoryError, match="not valid JSON"):
+        load_traj(broken)
+
+
+@pytest.mark.trajectories
+@pytest.mark.skipif(not RECORDED, reason="../shared/mlgym-trajectories is absent")
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_recorded_mlgym_trajectories_load(path):
+    trajectory = load_traj(path)
+    assert trajectory.steps, "every recorded run has steps"
+    assert trajectory.history[0]["role"] == "system"
+    assert len(trajectory.history) == 2 * len(trajectory.steps) + 1
+    results = load_results(path.with_name(path.stem + ".results.json"))
+    assert results["agent"] == trajectory.scores
