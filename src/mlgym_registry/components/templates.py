@@ -75,8 +75,8 @@ Send one command per reply and wait for its output before sending the next one; 
 replies. Multi-line commands such as edit and insert count as one command.
 
 Interactive programs (vim, nano, a Python REPL, anything that waits for keyboard input) are not available: use the
-commands above, or scripts that run to completion. Training and evaluation scripts are stopped after
-{training_timeout} seconds and other commands much sooner, so keep every run within that limit.
+commands above, or scripts that run to completion. A training or evaluation run is stopped after {training_timeout}
+seconds and any other command much sooner, so keep every run within that limit.
 
 Use `validate` whenever you want to measure your current solution: it checks the submission artefact and reports its
 score next to the baseline's, and you may run it as often as you like. When you are satisfied with the score, run
