@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import random
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -308,3 +310,17 @@ def test_format_error_messages_show_the_expected_format():
     # Ready to send as is: no format placeholders left in them.
     for cls in (ThoughtActionParser, StrictThoughtActionParser, XMLThoughtActionParser, IdentityParser):
         assert "{" not in cls.format_error_message
+
+
+def test_components_import_without_torch():
+    """Parsing, guarding, rewards and templates stay light: no torch/torchrl/tensordict import."""
+    code = (
+        "import sys\n"
+        "import mlgym_registry.components.parsers, mlgym_registry.components.isolators\n"
+        "import mlgym_registry.components.rewards, mlgym_registry.components.templates\n"
+        "heavy = sorted(m for m in ('torch', 'torchrl', 'tensordict') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
