@@ -176,8 +176,11 @@ def test_isolator_uses_the_given_parser():
 def test_isolator_format_errors():
     with pytest.raises(FormatError, match="No action found"):
         isolate("I will think about it.", ThoughtActionParser())
-    with pytest.raises(FormatError, match="empty"):
+    with pytest.raises(FormatError, match="code block in the model response is empty"):
         isolate("nothing\n```\n  \n```\n", ThoughtActionParser())
+    for response in (None, "", "  \n"):
+        with pytest.raises(FormatError, match="model response is empty"):
+            isolate(response, ThoughtActionParser())
 
 
 def test_registered_isolator():

@@ -77,6 +77,8 @@ class CodeBlockIsolator:
 
     def __call__(self, response: str, parser: Parser | None = None) -> str:
         """The backend action for ``response``; ``FormatError`` when ``parser`` finds none (default: thought_action)."""
+        if not isinstance(response, str) or not response.strip():
+            raise FormatError("The model response is empty.")
         parser = parser if parser is not None else ThoughtActionParser()
         _thought, action = parser(response)
         action = guard_multiline_input(action, self.endings).strip()
