@@ -19,6 +19,7 @@ TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajector
 TRAJ_FILES = sorted(TRAJECTORIES.glob("*/*.traj"))
 MULTILINE = re.compile(r"^\s*(edit|insert)(?=\s|$)", re.MULTILINE)
 ENDINGS = {"edit": "end_of_edit", "insert": "end_of_insert"}
+SYNTHETIC_ACTIONS = {"exit_context", "exit_cost", "exit_error", "exit_api", "exit_format"}
 
 isolate = CodeBlockIsolator()
 
@@ -59,6 +60,21 @@ def test_recorded_edit_actions_are_guarded():
             # Only the command line changed: the body and terminator are byte for byte the recorded ones.
             assert guarded.split("\n")[1:] == action.split("\n")[1:]
     assert guarded_count > 0
+
+
+@pytest.mark.trajectories
+@pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajectories in {TRAJECTORIES}")
+def test_isolator_gives_mlgym_run_action_for_every_recorded_step():
+    """What MLGym's agent sent to env.step: the recorded action, guarded when multi-line, stripped."""
+    checked = 0
+    for path in TRAJ_FILES:
+        for step in json.loads(path.read_text())["trajectory"]:
+            if step["action"] in SYNTHETIC_ACTIONS:
+                continue
+            expected = expected_guard(step["action"]) if MULTILINE.match(step["action"]) else step["action"]
+            assert isolate(step["response"], StrictThoughtActionParser()) == expected.strip()
+            checked += 1
+    assert checked > 0
 
 
 @pytest.mark.trajectories
