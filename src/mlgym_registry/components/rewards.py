@@ -20,7 +20,7 @@ VALIDATION_PREFIX = "Your code produced a valid submission artefact at "
 NO_BASELINE = "NA (no baseline was there)"
 """What MLGym prints as the baseline when the task has none."""
 
-_SUBMISSION = re.compile(r"^Your code produced a valid submission artefact at (.*)\.[ \t]*\r?$", re.MULTILINE)
+_SUBMISSION = re.compile(rf"^{re.escape(VALIDATION_PREFIX)}(.*)\.[ \t]*\r?$", re.MULTILINE)
 _BASELINE = re.compile(r"^Baseline Score: (.*?)[ \t]*\r?$", re.MULTILINE)
 _EVALUATION = re.compile(r"^Evaluation Score: (.*?)[ \t]*\r?$", re.MULTILINE)
 # numpy scalar reprs (numpy >= 2 prints ``np.float64(2.5)``) and non-finite floats, which literal_eval rejects.
