@@ -1,0 +1,44 @@
+"""Stage 2, action isolator: the model's response becomes the backend's action (inverse pass).
+
+The isolator component parses the response and guards multi-line ``edit``/``insert`` bodies with their heredoc the
+way MLGym's agent does (reference bug #8). A ``FormatError`` sets ``retry`` (the backend is not stepped), keeps the
+error text for the format-error message and adds the ``reward_wrong_format`` penalty on that same step.
+"""
+
+from __future__ import annotations
+
+from tensordict import TensorDictBase
+
+from ..errors import FormatError
+from .base import FORMAT_ERROR_KEY, ChainTransform, is_retry
+from .layout import Layout
+
+
+class ActionIsolator(ChainTransform):
+    """``response`` -> ``action`` and ``retry``; penalty on a retry step."""
+
+    def __init__(self, layout: Layout, reward_wrong_format: float | None = None):
+        super().__init__(layout, in_keys_inv=[layout.response], out_keys_inv=[layout.action])
+        self.reward_wrong_format = reward_wrong_format
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        response = tensordict.get(self.layout.response, None)
+        if response is None:
+            raise KeyError(f"the step input has no model response at {self.layout.response!r}")
+        response = response if isinstance(response, str) else str(getattr(response, "data", response))
+        task = self.base.task
+        try:
+            action = task.isolator(response, task.parser)
+        except FormatError as exc:
+            tensordict.set(self.layout.retry, True)
+            tensordict.set(FORMAT_ERROR_KEY, str(exc))
+            return tensordict
+        tensordict.set(self.layout.retry, False)
+        tensordict.set(self.layout.action, action)
+        return tensordict
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        if self.reward_wrong_format is not None and is_retry(tensordict, self.layout):
+            reward = next_tensordict.get(self.layout.reward)
+            next_tensordict.set(self.layout.reward, reward + float(self.reward_wrong_format))
+        return next_tensordict

@@ -1,0 +1,169 @@
+"""``BackendEnv``: the TorchRL env at the bottom of the chain, stepping an MLGym-contract backend with text actions."""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Categorical, Composite, NonTensor, Unbounded
+from torchrl.envs import EnvBase
+
+from ..backends.protocol import Backend, ToolSet, new_info
+from ..specs import ResolvedTask
+from .layout import Layout
+
+
+def nested_spec(key: Any, leaf: Any, device: torch.device | None) -> Composite:
+    """A ``Composite`` holding ``leaf`` at the (possibly nested) ``key``."""
+    if isinstance(key, tuple) and len(key) > 1:
+        return Composite({key[0]: nested_spec(key[1:], leaf, device)}, shape=(), device=device)
+    name = key[0] if isinstance(key, tuple) else key
+    return Composite({name: leaf}, shape=(), device=device)
+
+
+def task_fields(backend: Backend) -> dict[str, Any]:
+    """The task fields templates are formatted with: ``backend.task.args`` as a dict."""
+    args = getattr(getattr(backend, "task", None), "args", None)
+    if args is None:
+        return {}
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        return dataclasses.asdict(args)
+    if isinstance(args, dict):
+        return dict(args)
+    return dict(vars(args))
+
+
+def _close_quietly(holder: list) -> None:
+    backend = holder[0] if holder else None
+    holder.clear()
+    if backend is not None:
+        backend.close()
+
+
+class BackendEnv(EnvBase):
+    """Steps a backend (``backends/protocol.py``) with the isolated action; the transforms do everything else.
+
+    - ``reset`` resets the backend (swapping to the sampled task's backend when the task sampler wrote ``task``) and
+      returns an empty ``observation``.
+    - ``step`` hands the backend the action the isolator wrote, unless the isolator flagged ``retry``: then the
+      backend is not stepped at all (retry skip, stage 1 of the chain) and the observation stays empty.
+    - ``last_info`` is the ``info`` of the last backend step (None after a reset or a skipped step), so the reward
+      stage reads the score of that very step.
+
+    The backend is made on the first reset and closed by ``close()`` and when the env is garbage-collected.
+    """
+
+    batch_locked = True
+
+    def __init__(
+        self,
+        tasks: Sequence[ResolvedTask],
+        layout: Layout,
+        *,
+        device: torch.device | str | None = None,
+    ):
+        if not tasks:
+            raise ValueError("BackendEnv needs at least one resolved task")
+        super().__init__(device=device, batch_size=torch.Size(()))
+        self.layout = layout
+        self.tasks: dict[str, ResolvedTask] = {}
+        for item in tasks:
+            if item.spec.id in self.tasks:
+                raise ValueError(f"task {item.spec.id!r} was given twice")
+            self.tasks[item.spec.id] = item
+        self.task_name: str = next(iter(self.tasks))
+        self.tools: ToolSet | None = None
+        self.last_info: dict[str, Any] | None = None
+        self.task_rng = np.random.default_rng()
+        self._seed: int | None = None
+        self._backend_holder: list = []
+        self._finalizer = weakref.finalize(self, _close_quietly, self._backend_holder)
+        self._make_specs()
+
+    # -- specs ---------------------------------------------------------------------------------------------------
+    def _make_specs(self) -> None:
+        device = self.device
+        text = NonTensor(example_data="a string", shape=(), device=device)
+        self.full_action_spec = nested_spec(self.layout.response, text.clone(), device)
+        self.full_observation_spec = nested_spec(self.layout.observation, text.clone(), device)
+        self.full_reward_spec = Composite(
+            {self.layout.reward: Unbounded(shape=(1,), dtype=torch.float32, device=device)}, shape=(), device=device
+        )
+        flag = Categorical(2, shape=(1,), dtype=torch.bool, device=device)
+        self.full_done_spec = Composite(
+            done=flag.clone(), terminated=flag.clone(), truncated=flag.clone(), shape=(), device=device
+        )
+
+    # -- the current task and backend ----------------------------------------------------------------------------
+    @property
+    def task(self) -> ResolvedTask:
+        """The resolved task the env currently runs."""
+        return self.tasks[self.task_name]
+
+    @property
+    def backend(self) -> Backend:
+        """The current backend (made on first use)."""
+        if not self._backend_holder:
+            self._backend_holder.append(self.task.make_backend())
+        return self._backend_holder[0]
+
+    @property
+    def has_backend(self) -> bool:
+        """True once a backend has been made (and not closed)."""
+        return bool(self._backend_holder)
+
+    def switch_task(self, name: str) -> None:
+        """Run ``name`` from the next reset on, closing the previous task's backend."""
+        if name not in self.tasks:
+            raise KeyError(f"task {name!r} is not one of this env's tasks: {', '.join(self.tasks)}")
+        if name != self.task_name:
+            _close_quietly(self._backend_holder)
+            self.task_name = name
+            self.tools = None
+
+    # -- EnvBase -------------------------------------------------------------------------------------------------
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        if tensordict is not None and self.layout.task in tensordict.keys(include_nested=True):
+            self.switch_task(str(tensordict[self.layout.task]))
+        seed, self._seed = self._seed, None
+        self.backend.reset(seed=seed)
+        self.last_info = None
+        out = TensorDict(batch_size=(), device=self.device)
+        out.set(self.layout.observation, "")
+        return out
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        retry = bool(tensordict.get(self.layout.retry, False))
+        out = TensorDict(batch_size=(), device=self.device)
+        done = False
+        reward = 0.0
+        if retry:
+            observation = ""
+            self.last_info = None
+        else:
+            action = tensordict[self.layout.action]
+            observation, reward, done, info = self.backend.step(str(action))
+            self.last_info = dict(info) if info is not None else new_info()
+            observation = "" if observation is None else str(observation)
+        out.set(self.layout.observation, observation)
+        out.set(self.layout.reward, torch.tensor([float(reward or 0.0)], dtype=torch.float32, device=self.device))
+        done_t = torch.tensor([bool(done)], device=self.device)
+        out.set("done", done_t)
+        out.set("terminated", done_t.clone())
+        out.set("truncated", torch.zeros_like(done_t))
+        return out
+
+    def _set_seed(self, seed: int | None) -> None:
+        self._seed = seed
+        self.task_rng = np.random.default_rng(seed)
+
+    def close(self, *, raise_if_closed: bool = True) -> None:
+        """Close the backend (it removes its processes and files) and the env."""
+        _close_quietly(self._backend_holder)
+        self.tools = None
+        super().close(raise_if_closed=raise_if_closed)

@@ -1,0 +1,87 @@
+"""What every stage of the chain shares: access to the base env, the current task and its components."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs import Transform
+
+from ..components.template_set import TemplateSet
+from .backend_env import BackendEnv, task_fields
+from .layout import Layout
+
+ASSISTANT_KEY = "_assistant"
+"""Private key (in the inverse pass only) holding the assistant turn's content, as the chat template extracted it."""
+FORMAT_ERROR_KEY = "_format_error"
+"""Private key (in the inverse pass only) holding the isolator's format-error text on a retry step."""
+
+
+def template_set(template: Any) -> TemplateSet:
+    """A ``TemplateSet`` from a template component (a ``TemplateSet`` or a zero-arg callable returning one)."""
+    if isinstance(template, TemplateSet):
+        return template
+    if callable(template):
+        built = template()
+        if isinstance(built, TemplateSet):
+            return built
+    # duck typing: anything with MLGym's template fields works
+    if hasattr(template, "system_template") and hasattr(template, "task_template"):
+        return template
+    raise TypeError(f"template component {template!r} is not a TemplateSet nor a factory of one")
+
+
+def format_template(template: str, fields: dict[str, Any], *, what: str) -> str:
+    """``template.format(**fields)``, with an error naming the template and the missing placeholder."""
+    try:
+        return template.format(**fields)
+    except KeyError as exc:
+        raise KeyError(
+            f"{what} uses the placeholder {{{exc.args[0]}}}, which neither the task, the tools nor the state provide; "
+            f"available: {', '.join(sorted(fields))}"
+        ) from None
+
+
+def is_retry(tensordict: TensorDictBase, layout: Layout) -> bool:
+    """True when the step held in ``tensordict`` (time t) was flagged as a retry by the isolator."""
+    value = tensordict.get(layout.retry, None)
+    if value is None:
+        return False
+    if isinstance(value, torch.Tensor):
+        return bool(value.any())
+    return bool(value)
+
+
+class ChainTransform(Transform):
+    """A stage of the chain: reads the current task, backend and tools from the ``BackendEnv`` at the bottom."""
+
+    def __init__(self, layout: Layout, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.layout = layout
+
+    @property
+    def base(self) -> BackendEnv:
+        """The ``BackendEnv`` under the chain."""
+        parent = self.parent
+        if parent is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to an env")
+        base = parent.base_env
+        if not isinstance(base, BackendEnv):
+            raise TypeError(f"{type(self).__name__} needs a BackendEnv at the bottom of the chain, got {type(base)}")
+        return base
+
+    @property
+    def templates(self) -> TemplateSet:
+        """The current task's template set."""
+        return template_set(self.base.task.template)
+
+    def template_fields(self) -> dict[str, Any]:
+        """Task fields plus ``command_docs`` and the tools' env variables: what every template may use."""
+        base = self.base
+        fields = task_fields(base.backend)
+        tools = base.tools
+        if tools is not None:
+            fields.update(tools.env_variables)
+            fields["command_docs"] = tools.command_docs
+        return fields

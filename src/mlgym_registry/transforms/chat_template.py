@@ -1,0 +1,71 @@
+"""Stage 8, chat template: ``history`` -> the prompt text; inverse: the generated response -> the assistant turn.
+
+The prompt is grown from the previous one by rendering only the new turns (reference bug #10: re-rendering and
+re-parsing the whole transcript made each step cost more the longer the episode). The inverse takes the assistant
+turn's content from the response text alone, cut at the template's end-of-turn marker, without parsing the prompt.
+``chat_template_name`` resolves in ``torchrl.data.llm.history`` (reference bug #5: a module path that does not exist).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensordict import LazyStackedTensorDict, TensorDictBase
+from torchrl.data import Composite, NonTensor
+
+from .base import ASSISTANT_KEY, ChainTransform
+from .history import as_dicts
+from .layout import Layout
+from .rendering import ChatRenderer, IncrementalPrompt
+
+
+def _tail(history: Any, count: int) -> list[dict[str, str]]:
+    td = history._tensordict
+    if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0:
+        return [{"role": m["role"], "content": m["content"]} for m in td.tensordicts[-count:]]
+    return as_dicts(history)[-count:]
+
+
+class ChatTemplate(ChainTransform):
+    """Writes the prompt text; in the inverse pass, the assistant turn's content."""
+
+    def __init__(self, layout: Layout, tokenizer: Any = None, chat_template_name: str | None = None):
+        super().__init__(layout, in_keys_inv=[layout.response], out_keys_inv=[ASSISTANT_KEY])
+        self.renderer = ChatRenderer(tokenizer, chat_template_name)
+        self.prompt = IncrementalPrompt(self.renderer)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer, if any."""
+        return self.renderer.tokenizer
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        history = tensordict_reset.get(self.layout.history)
+        tensordict_reset.set(self.layout.prompt, self.prompt.start(as_dicts(history)))
+        return tensordict_reset
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        history = next_tensordict.get(self.layout.history)
+        previous = tensordict.get(self.layout.prompt, None)
+        previous = previous if previous is None or isinstance(previous, str) else str(previous.data)
+        added = history.shape[0] - len(self.prompt.messages)
+        if previous is not None and added > 0 and (previous is self.prompt.prompt or previous == self.prompt.prompt):
+            text = self.prompt.extend(_tail(history, added))
+        else:  # not the conversation we rendered last (e.g. a step from an older tensordict): render it all
+            text = self.prompt.start(as_dicts(history))
+        next_tensordict.set(self.layout.prompt, text)
+        return next_tensordict
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        response = tensordict.get(self.layout.response, None)
+        if response is None:
+            raise KeyError(f"the step input has no model response at {self.layout.response!r}")
+        response = response if isinstance(response, str) else str(getattr(response, "data", response))
+        tensordict.set(ASSISTANT_KEY, self.renderer.assistant_content(response))
+        return tensordict
+
+    def transform_observation_spec(self, observation_spec: Composite) -> Composite:
+        observation_spec[self.layout.prompt] = NonTensor(
+            example_data="<a prompt>", shape=(), device=observation_spec.device
+        )
+        return observation_spec

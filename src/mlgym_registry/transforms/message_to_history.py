@@ -1,0 +1,43 @@
+"""Stage 7, message to history: the conversation grows by the assistant turn and the new user message.
+
+Only ``history`` is written (the reference also declared a ``chat`` key it never wrote: reference bug #1). The new
+history shares the previous one's messages, so a step costs the same at turn 10 as at turn 200.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensordict import LazyStackedTensorDict, TensorDictBase
+
+from .base import ASSISTANT_KEY, ChainTransform
+from .history import history_from, message
+
+
+def _messages_of(history: Any) -> list:
+    td = history._tensordict
+    if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0:
+        return list(td.tensordicts)
+    return list(td.unbind(0))
+
+
+class MessageToHistory(ChainTransform):
+    """Appends ``message`` as a user turn (after the assistant turn on a step) to ``history``."""
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        history = tensordict_reset.get(self.layout.history)
+        user = message("user", str(tensordict_reset[self.layout.message]), self.base.device)
+        tensordict_reset.set(self.layout.history, history_from(_messages_of(history) + [user]))
+        return tensordict_reset
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        device = self.base.device
+        history = tensordict.get(self.layout.history)
+        assistant = tensordict.get(ASSISTANT_KEY, None)
+        if assistant is None:
+            raise KeyError("the chat template stage did not extract the assistant turn from the response")
+        assistant = assistant if isinstance(assistant, str) else str(getattr(assistant, "data", assistant))
+        user = str(next_tensordict[self.layout.message])
+        new = [message("assistant", assistant, device), message("user", user, device)]
+        next_tensordict.set(self.layout.history, history_from(_messages_of(history) + new))
+        return next_tensordict

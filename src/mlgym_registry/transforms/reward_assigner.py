@@ -1,0 +1,30 @@
+"""Stage 9, reward assigner: the reward of a step from that step's own observation and info.
+
+The reward component reads validate observations and the final ``info["score"]`` (MLGym prints the submission score
+nowhere: reference bug #9); here it gets the observation and info the backend returned on this very step.
+"""
+
+from __future__ import annotations
+
+from tensordict import TensorDictBase
+
+from .base import ChainTransform, is_retry
+
+
+class RewardAssigner(ChainTransform):
+    """Adds ``reward(observation, info, spec)`` to ``reward`` (a retry step only carries the isolator's penalty)."""
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        if is_retry(tensordict, self.layout):
+            return next_tensordict
+        base = self.base
+        info = base.last_info
+        if info is None:
+            return next_tensordict
+        observation = next_tensordict.get(self.layout.observation, None)
+        observation = observation if isinstance(observation, str) else str(getattr(observation, "data", ""))
+        task = base.task
+        value = float(task.reward(observation, info, task.spec))
+        reward = next_tensordict.get(self.layout.reward)
+        next_tensordict.set(self.layout.reward, reward + value)
+        return next_tensordict

@@ -1,0 +1,81 @@
+"""Stage 6, state to message: the user message the model sees next, from the template set, state and observation.
+
+It reads the observation and state of the step that just ran (time t+1): TorchRL's reference read time t, so every
+message showed the previous step's output (reference bug #2). After reset the message is the task template (and the
+strategy template if any); after a step, ``next_step_template`` or, when the step printed nothing,
+``next_step_no_output_template``; after a retry, the format-error message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tensordict import TensorDictBase
+from torchrl.data import Composite, NonTensor
+
+from ..components.templates import format_error_message
+from .base import FORMAT_ERROR_KEY, ChainTransform, format_template, is_retry
+
+
+class _KeepUnknown(dict):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else str(getattr(value, "data", value))
+
+
+class StateToMessage(ChainTransform):
+    """Writes ``message``."""
+
+    def _state_fields(self, state: str) -> dict[str, Any]:
+        try:
+            fields = json.loads(state)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"the backend's state command printed {state!r}, which is not JSON") from exc
+        if not isinstance(fields, dict):
+            raise ValueError(f"the backend's state command printed {state!r}, which is not a JSON object")
+        backend = self.base.backend
+        fields["current_step"] = backend.current_step
+        fields["remaining_steps"] = backend.max_steps - backend.current_step
+        return fields
+
+    def _fields(self, state: str, observation: str) -> dict[str, Any]:
+        return {**self.template_fields(), **self._state_fields(state), "observation": observation}
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        templates = self.templates
+        fields = self._fields(_text(tensordict_reset.get(self.layout.state)), "")
+        parts = [format_template(templates.task_template, fields, what="task_template")]
+        if templates.strategy_template:
+            parts.append(format_template(templates.strategy_template, fields, what="strategy_template"))
+        tensordict_reset.set(self.layout.message, "\n".join(parts))
+        return tensordict_reset
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        if is_retry(tensordict, self.layout):
+            message = self._format_error(_text(tensordict.get(FORMAT_ERROR_KEY, None)))
+        else:
+            observation = _text(next_tensordict.get(self.layout.observation, None))
+            fields = self._fields(_text(next_tensordict.get(self.layout.state)), observation)
+            templates = self.templates
+            if observation.strip():
+                message = format_template(templates.next_step, fields, what="next_step_template")
+            else:
+                message = format_template(templates.next_step_no_output, fields, what="next_step_no_output_template")
+        next_tensordict.set(self.layout.message, message)
+        return next_tensordict
+
+    def _format_error(self, error: str) -> str:
+        text = format_error_message(self.templates, self.base.task.parser)
+        return text.format_map(_KeepUnknown(self.template_fields(), error=error))
+
+    def transform_observation_spec(self, observation_spec: Composite) -> Composite:
+        observation_spec[self.layout.message] = NonTensor(
+            example_data="a message", shape=(), device=observation_spec.device
+        )
+        return observation_spec
