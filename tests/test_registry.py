@@ -210,3 +210,21 @@ def test_make_takes_a_name_or_tasks_not_both():
 def test_errors_are_part_of_the_public_api():
     assert issubclass(FormatError, ValueError)
     assert set(KINDS) == {"task", "backend", "parser", "template", "reward", "isolator"}
+
+
+AGENT_YAML = """\
+system_template: "You work in a shell. Tools:\\n{command_docs}"
+task_template: "Task: {description}\\n(Current Step: {current_step}, Remaining Steps: {remaining_steps})"
+next_step_template: "{observation}"
+"""
+
+
+def test_a_template_can_be_named_by_the_path_of_an_agent_yaml(task_file, tmp_path):
+    agent = tmp_path / "my_agent.yaml"
+    agent.write_text(AGENT_YAML)
+    spec = registry.spec(load_task_yaml(task_file)).replace(template=str(agent))
+    # a fresh registry (as in a worker process) rebuilds it from the path alone
+    templates = Registry().component(spec, "template")
+    assert templates.name == "my_agent"
+    assert templates.system_template.startswith("You work in a shell.")
+    assert templates.next_step_template == "{observation}"

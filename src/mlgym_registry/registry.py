@@ -22,6 +22,12 @@ from .specs import COMPONENT_KINDS, KINDS, ComponentSpec, ResolvedTask, TaskSpec
 SPEC_OVERRIDES = ("max_steps",)
 """``make`` keywords that change the task spec itself (besides the component names)."""
 
+PATH_LOADERS: dict[str, str] = {
+    "template": "mlgym_registry.components.templates:load_agent_yaml",
+}
+"""Kinds whose name may also be a path to a file, and the loader that turns that file into the component.
+A path travels in a spec as it is, so a worker process rebuilds the same component without any registration."""
+
 
 @dataclass
 class Entry:
@@ -277,6 +283,9 @@ class Registry:
     def component(self, spec: TaskSpec, kind: str) -> Any:
         """The component ``spec`` names for ``kind``; falls back to ``spec.components`` refs in a fresh worker."""
         name = getattr(spec, kind)
+        self._ensure_loaded()
+        if name not in self._entries[kind] and kind in PATH_LOADERS and is_task_file(name) and Path(name).is_file():
+            return import_reference(PATH_LOADERS[kind])(name)
         if name in self._entries[kind] or kind not in spec.components:
             return self.build(kind, name)
         return build_component(kind, import_reference(spec.components[kind]))

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 @dataclass
 class ToolSet:
-    """What the agent's shell offers once tools are installed: fills ``{command_docs}`` and ``{WINDOW}``-style fields."""
+    """What the agent's shell offers once its tools are installed; fills ``{command_docs}`` and ``{WINDOW}``."""
 
     command_docs: str
     env_variables: dict[str, str] = field(default_factory=dict)
