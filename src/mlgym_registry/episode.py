@@ -1,0 +1,220 @@
+"""The episode loop shared by ``run`` and ``replay``: a policy talks to an env built by ``registry.make``.
+
+Each turn the policy gets the conversation from the env's ``History``, its response goes into the env's response key,
+and the step's observation, reward and the backend's ``info`` come back. Every turn is recorded (through an optional
+``TrajectoryWriter``, saved as it goes) and reported to an optional callback, so a caller can show it live.
+
+Like MLGym's agent, three format errors in a row end the episode with the ``exit_format`` action (the backend then
+autosubmits). A turn whose response held no command is recorded as a step with an empty action and the parser's
+message as its observation, so every response the policy gave appears in the ``.traj``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import FormatError
+from .policies.base import Policy, PolicyExhausted, fenced
+from .specs import TaskSpec
+from .trajectories import Step, TrajectoryWriter
+
+MAX_FORMAT_ERRORS = 3
+"""Consecutive responses without a command after which the episode ends with ``exit_format`` (as in MLGym)."""
+
+
+@dataclass
+class Turn:
+    """One turn of an episode, as shown to the user and written to the ``.traj``."""
+
+    index: int
+    response: str
+    thought: str
+    action: str
+    observation: str
+    reward: float
+    done: bool
+    state: str
+    execution_time: float
+    format_error: bool = False
+    info: dict[str, Any] | None = None
+
+    def step(self) -> Step:
+        """The ``.traj`` entry of this turn."""
+        return Step(action=self.action, observation=self.observation, response=self.response, state=self.state,
+                    thought=self.thought, execution_time=self.execution_time)
+
+
+@dataclass
+class EpisodeResult:
+    """What an episode produced: its turns, the backend's final ``info`` and the score against the baseline."""
+
+    spec: TaskSpec
+    turns: list[Turn] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+    stop_reason: str = ""
+
+    @property
+    def total_reward(self) -> float:
+        """The sum of the env's rewards over the episode."""
+        return sum(turn.reward for turn in self.turns)
+
+    @property
+    def score(self) -> dict[str, float] | None:
+        """The last metric dict the backend recorded (the final submission's, when the episode ended with one)."""
+        scores = self.info.get("score") or []
+        return dict(scores[-1]) if scores else None
+
+    @property
+    def baseline(self) -> dict[str, float] | None:
+        """The task's baseline metric dict."""
+        return self.spec.baseline
+
+    @property
+    def metric(self) -> str | None:
+        """The metric the score is judged on."""
+        from .components.rewards import ScoreError, priority_metric
+
+        metrics = self.score or self.baseline
+        if not metrics:
+            return None
+        try:
+            return priority_metric(metrics, self.spec)
+        except ScoreError:
+            return None
+
+    @property
+    def improvement(self) -> float | None:
+        """Score minus baseline on the priority metric (positive is better, whatever the metric's direction)."""
+        from .components.rewards import metric_delta
+
+        if self.score is None or self.metric is None or self.metric not in self.score:
+            return None
+        return metric_delta(self.score, self.baseline, self.spec)
+
+    def summary(self) -> str:
+        """One line: exit status, score and baseline."""
+        status = self.info.get("exit_status") or self.stop_reason or "not finished"
+        metric = self.metric
+        if self.score is None or metric is None:
+            return f"exit status: {status}; no score (baseline: {self.baseline})"
+        score = self.score.get(metric)
+        base = (self.baseline or {}).get(metric)
+        verdict = ""
+        if self.improvement is not None and base is not None:
+            verdict = " (above the baseline)" if self.improvement > 0 else " (not above the baseline)"
+        return f"exit status: {status}; {metric}: {score:.4f} vs baseline {base if base is None else f'{base:.4f}'}" \
+               f"{verdict}"
+
+
+def env_parts(env: Any) -> tuple[Any, Any]:
+    """The ``BackendEnv`` at the bottom of ``env`` and its key layout."""
+    base = getattr(env, "base_env", env)
+    return base, base.layout
+
+
+def conversation(td: Any, layout: Any) -> list[dict[str, str]]:
+    """The ``{"role", "content"}`` messages of the env's ``History`` in ``td``."""
+    from .transforms.history import as_dicts
+
+    return as_dicts(td.get(layout.history))
+
+
+def text_at(td: Any, key: Any) -> str:
+    """The string stored at ``key`` in ``td`` ('' when absent or None), unwrapping TorchRL's non-tensor containers."""
+    value = td.get(key, None)
+    while value is not None and not isinstance(value, str) and hasattr(value, "data"):
+        value = value.data
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return "" if value is None else str(value)
+
+
+def run_episode(
+    env: Any,
+    policy: Policy,
+    *,
+    spec: TaskSpec | None = None,
+    writer: TrajectoryWriter | None = None,
+    on_turn: Callable[[Turn], None] | None = None,
+    seed: int | None = None,
+    max_turns: int | None = None,
+) -> EpisodeResult:
+    """Play one episode of ``env`` with ``policy`` and return its turns and score.
+
+    ``writer`` records the episode as it goes; ``on_turn`` is called after every turn. The env is reset here but not
+    closed: the caller owns it.
+    """
+    base, layout = env_parts(env)
+    spec = spec or base.task.spec
+    parser = base.task.parser
+    if seed is not None:
+        env.set_seed(seed)
+    td = env.reset()
+    messages = conversation(td, layout)
+    if writer is not None:
+        for message in messages:
+            (writer.system if message["role"] == "system" else writer.user)(message["content"])
+    policy.reset(spec)
+    result = EpisodeResult(spec)
+    format_errors = 0
+    max_turns = max_turns or (MAX_FORMAT_ERRORS + 1) * (base.backend.max_steps + 1)
+    while len(result.turns) < max_turns:
+        state = text_at(td, layout.state)
+        try:
+            response = policy(messages)
+        except PolicyExhausted as exc:
+            result.stop_reason = str(exc)
+            break
+        if format_errors >= MAX_FORMAT_ERRORS:
+            response = fenced("Exit due to format error", "exit_format")
+        started = time.monotonic()
+        td.set(layout.response, response)
+        td = env.step(td)
+        elapsed = time.monotonic() - started
+        after = td["next"]
+        try:
+            thought, action = parser(response)
+            observation = text_at(after, layout.observation)
+            format_errors, format_error = 0, False
+        except FormatError as exc:
+            thought, action, observation = response, "", str(exc)
+            format_errors, format_error = format_errors + 1, True
+        info = base.last_info
+        if info is not None:
+            result.info = dict(info)
+        turn = Turn(
+            index=len(result.turns),
+            response=response,
+            thought=thought,
+            action=action,
+            observation=observation,
+            reward=float(after.get(layout.reward).sum()),
+            done=bool(after.get("done").any()),
+            state=state,
+            execution_time=elapsed,
+            format_error=format_error,
+            info=None if info is None else dict(info),
+        )
+        result.turns.append(turn)
+        messages = conversation(after, layout)
+        if writer is not None:
+            writer.step(turn.step(), info=result.info)
+            if not turn.done and messages and messages[-1]["role"] == "user":
+                writer.user(messages[-1]["content"])
+        if on_turn is not None:
+            on_turn(turn)
+        if turn.done:
+            result.finished = True
+            break
+        # the next root is the step's output, minus what belongs to the transition (step_mdp cannot carry the
+        # growing History: its lazy stacks differ in length from step to step)
+        td = after.exclude(*env.reward_keys, *env.done_keys)
+    else:
+        result.stop_reason = f"stopped after {max_turns} turns"
+    if writer is not None:
+        writer.finish(result.info)
+    return result
