@@ -1,0 +1,196 @@
+"""Resource limits and network isolation for a session's shell.
+
+- CPU seconds and address space: ``resource.setrlimit`` in the child before ``exec``.
+- Process count: a ``pids`` cgroup when this process may create one (typically as root, where ``RLIMIT_NPROC`` does
+  not apply), else ``RLIMIT_NPROC`` set to the user's current count plus the allowance.
+- Network: the shell runs under ``unshare -n`` (an empty network namespace) when the OS permits it; this is checked once
+  per process, and a one-time warning says so when it is not possible.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import shutil
+import subprocess
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a session may use. ``None`` means no limit."""
+
+    memory_limit_mb: int | None = None
+    cpu_seconds: int | None = None
+    max_processes: int | None = None
+
+
+def _set(which: int, value: int) -> None:
+    _, hard = resource.getrlimit(which)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def make_preexec(limits: Limits, nproc: int | None, cgroup_procs: str | None) -> Callable[[], None]:
+    """The function run in the child between fork and exec: join the cgroup, then set the rlimits.
+
+    It only makes system calls on values computed beforehand, so it is safe to run in a forked child.
+    """
+    pid_file = cgroup_procs.encode() if cgroup_procs else None
+    memory = limits.memory_limit_mb * 1024 * 1024 if limits.memory_limit_mb else None
+    cpu = limits.cpu_seconds
+
+    def preexec() -> None:
+        if pid_file is not None:
+            fd = os.open(pid_file, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")  # "0" means the writing process itself
+            finally:
+                os.close(fd)
+        if memory:
+            _set(resource.RLIMIT_AS, memory)
+        if cpu:
+            _set(resource.RLIMIT_CPU, cpu)
+        if nproc:
+            _set(resource.RLIMIT_NPROC, nproc)
+
+    return preexec
+
+
+def user_process_count() -> int:
+    """How many processes (tasks) the current real user runs now (0 when it cannot be told)."""
+    uid = os.getuid()
+    count = 0
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return 0
+    for name in names:
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{name}/task"))
+            except OSError:
+                continue
+    return count
+
+
+class PidsCgroup:
+    """A ``pids`` cgroup of our own (v1 or v2), capping how many tasks a session may have at once."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @property
+    def procs_file(self) -> str:
+        """The file a process writes its pid to in order to join."""
+        return str(self.path / "cgroup.procs")
+
+    @classmethod
+    def create(cls, max_pids: int) -> PidsCgroup | None:
+        """A new cgroup limited to ``max_pids`` tasks, or None when this process may not make one."""
+        name = f"mlgym-registry-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        for parent in _candidate_parents():
+            path = parent / name
+            try:
+                path.mkdir()
+            except OSError:
+                continue
+            try:
+                (path / "pids.max").write_text(str(max_pids))
+                return cls(path)
+            except OSError:
+                _rmdir(path)
+        return None
+
+    def members(self) -> set[int]:
+        """The pids in the cgroup now."""
+        try:
+            return {int(line) for line in (self.path / "cgroup.procs").read_text().split()}
+        except OSError:
+            return set()
+
+    def hit_limit_count(self) -> int:
+        """How many forks the limit has refused so far."""
+        try:
+            for line in (self.path / "pids.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "max":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def remove(self) -> None:
+        """Delete the (empty) cgroup."""
+        _rmdir(self.path)
+
+
+def _rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def _candidate_parents() -> list[Path]:
+    parents = []
+    v1 = Path("/sys/fs/cgroup/pids")
+    if (v1 / "cgroup.procs").exists():
+        own = _own_cgroup("pids")
+        parents += [v1 / own.lstrip("/")] if own else []
+        parents.append(v1)
+    for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        if (mount / "cgroup.controllers").exists():
+            own = _own_cgroup("")
+            base = mount / own.lstrip("/") if own is not None else mount
+            try:
+                if "pids" in (base / "cgroup.subtree_control").read_text().split():
+                    parents.append(base)
+            except OSError:
+                pass
+    return parents
+
+
+def _own_cgroup(controller: str) -> str | None:
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if (controller and controller in controllers.split(",")) or (not controller and controllers == ""):
+            return path
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def network_isolation_prefix() -> tuple[str, ...] | None:
+    """``("unshare", "-n")`` when this process may start programs without network, else None (checked once)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return None
+    try:
+        done = subprocess.run([unshare, "-n", "true"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (unshare, "-n") if done.returncode == 0 else None
+
+
+NO_NETWORK_ISOLATION = (
+    "the local backend cannot cut the network off for its shell sessions on this machine ('unshare -n' is missing or "
+    "not permitted), so commands keep network access. Run as a user allowed to create network namespaces (e.g. root, "
+    "or with unprivileged user namespaces enabled), or pass network=True to accept this and silence this warning."
+)
+
+
+@functools.lru_cache(maxsize=1)
+def warn_no_network_isolation() -> None:
+    """Warn, once per process, that commands keep network access."""
+    warnings.warn(NO_NETWORK_ISOLATION, RuntimeWarning, stacklevel=3)

@@ -1,0 +1,80 @@
+"""Finding and ending the processes a shell session started, without third-party packages.
+
+A session's shell leads its own session (``setsid``), so everything it starts shares its session id unless it called
+``setsid`` itself; those escapees are still its descendants or members of its cgroup (see ``limits.PidsCgroup``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterable
+
+
+def _table() -> list[tuple[int, int, int]]:
+    """``(pid, ppid, sid)`` of every process on the machine."""
+    rows: list[tuple[int, int, int]] = []
+    if os.path.isdir("/proc"):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    stat = handle.read()
+            except OSError:
+                continue
+            # the command name is in parentheses and may contain spaces: split after the last ')'
+            fields = stat[stat.rfind(b")") + 2 :].split()
+            rows.append((int(name), int(fields[1]), int(fields[3])))
+        return rows
+    out = subprocess.run(["ps", "-axo", "pid=,ppid=,sess="], capture_output=True, text=True, check=False).stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            rows.append((int(parts[0]), int(parts[1]), int(parts[2])))
+    return rows
+
+
+def session_processes(leader: int) -> set[int]:
+    """The processes of the session led by ``leader`` plus all descendants of ``leader`` (``leader`` excluded)."""
+    rows = _table()
+    children: dict[int, list[int]] = {}
+    found = set()
+    for pid, ppid, sid in rows:
+        children.setdefault(ppid, []).append(pid)
+        if sid == leader:
+            found.add(pid)
+    stack = [leader, *found]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    found.discard(leader)
+    return found
+
+
+def kill_all(pids: Iterable[int]) -> None:
+    """SIGKILL every pid (gone ones are ignored)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True

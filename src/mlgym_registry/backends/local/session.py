@@ -1,0 +1,210 @@
+"""One persistent bash process talked to over pipes, with an end-of-command marker instead of sleeps.
+
+Each command is sent as ``{ <command> } </dev/null`` followed by a ``printf`` of a marker that carries the command's
+exit status; output (stderr merged) is read with ``select`` until the marker arrives. The command's stdin is
+``/dev/null`` so that a program reading stdin cannot swallow the marker. On a timeout every process of the session
+except the shell is killed and the shell is given a moment to print the marker; if it does not (a builtin loop, a
+half-read here-document), the caller restarts the session.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shlex
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import procs
+from .output import CappedBuffer, normalise
+
+INTERRUPT_GRACE = 3.0
+"""Seconds the shell gets to print the marker after the command's processes were killed."""
+
+
+@dataclass
+class Result:
+    """What one command produced."""
+
+    output: str
+    returncode: int | None
+    timed_out: str | None = None  # None, "total" or "no_output"
+    shell_died: bool = False
+    marker_lost: bool = False  # timed out and the shell never came back: the caller must restart it
+
+
+class ShellSession:
+    """A ``bash`` process in its own session and process group, reading commands from a pipe."""
+
+    def __init__(
+        self,
+        cwd: Path,
+        env: dict[str, str],
+        *,
+        bash: str,
+        prefix: Sequence[str] = (),
+        preexec: Callable[[], None] | None = None,
+        max_output_bytes: int = 400_000,
+        extra_kill: Callable[[], set[int]] | None = None,
+    ):
+        self.token = uuid.uuid4().hex[:16]
+        self._start = f"///MLGR-{self.token}:".encode()
+        self._marker = re.compile(re.escape(self._start) + rb"(-?\d*):DONE///\n")
+        self.max_output_bytes = max_output_bytes
+        self._extra_kill = extra_kill
+        self.proc = subprocess.Popen(
+            [*prefix, bash, "--noprofile", "--norc"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=str(cwd),
+            env=env,
+            start_new_session=True,
+            preexec_fn=preexec,
+            close_fds=True,
+        )
+        self.pid = self.proc.pid
+        self._fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        os.set_blocking(self._fd, False)
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """Whether the shell is still running."""
+        return self.proc.poll() is None
+
+    def processes(self) -> set[int]:
+        """Every process of the session except the shell itself."""
+        found = procs.session_processes(self.pid)
+        if self._extra_kill is not None:
+            found |= self._extra_kill() - {self.pid}
+        return found
+
+    # -- commands --------------------------------------------------------------------------------------------------
+    def run(
+        self,
+        command: str,
+        timeout: float,
+        no_output_timeout: float | None = None,
+        after: str = "",
+    ) -> Result:
+        """Run ``command`` in the shell and return its normalised output. ``after`` runs after it, before the marker."""
+        script = (
+            "{ " + command + "\n\n} </dev/null\n__mlgr_rc=$?\n" + (after + "\n" if after else "")
+            + f"printf '\\n%s%s:DONE///\\n' {shlex.quote(self._start.decode())} \"$__mlgr_rc\"\n"
+        )
+        try:
+            os.write(self.proc.stdin.fileno(), script.encode("utf-8", errors="surrogateescape"))  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError):
+            return Result(output="", returncode=self._exit_status(), shell_died=True)
+        return self._read(timeout, no_output_timeout if no_output_timeout is not None else timeout)
+
+    def _read(self, timeout: float, no_output_timeout: float) -> Result:
+        buffer = CappedBuffer(self.max_output_bytes)
+        recent = b""
+        now = time.monotonic()
+        deadline, quiet_deadline = now + timeout, now + no_output_timeout
+        while True:
+            now = time.monotonic()
+            if now >= deadline or now >= quiet_deadline:
+                kind = "total" if now >= deadline else "no_output"
+                return self._interrupt(buffer, recent, kind)
+            ready, _, _ = select.select([self._fd], [], [], min(deadline, quiet_deadline) - now)
+            if not ready:
+                continue
+            data = self._read_available()
+            if data is None:
+                continue
+            if not data:  # EOF: the shell is gone
+                return Result(self._text(buffer), self._exit_status(), shell_died=True)
+            buffer.add(data)
+            quiet_deadline = time.monotonic() + no_output_timeout
+            recent = (recent + data)[-512:]
+            match = self._marker.search(recent)
+            if match:
+                return Result(self._text(buffer), _to_int(match.group(1)))
+
+    def _read_available(self) -> bytes | None:
+        try:
+            return os.read(self._fd, 1 << 16)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def _interrupt(self, buffer: CappedBuffer, recent: bytes, kind: str) -> Result:
+        """Kill the running command's processes and give the shell a moment to finish the command."""
+        for _ in range(3):  # a process may fork while we kill: repeat until none is left
+            victims = self.processes()
+            if not victims:
+                break
+            procs.kill_all(victims)
+            time.sleep(0.02)
+        deadline = time.monotonic() + INTERRUPT_GRACE
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self._fd], [], [], max(deadline - time.monotonic(), 0))
+            if not ready:
+                continue
+            data = self._read_available()
+            if data is None:
+                continue
+            if not data:
+                return Result(self._text(buffer), self._exit_status(), timed_out=kind, shell_died=True)
+            buffer.add(data)
+            recent = (recent + data)[-512:]
+            match = self._marker.search(recent)
+            if match:
+                return Result(self._text(buffer), _to_int(match.group(1)), timed_out=kind)
+        return Result(self._text(buffer), None, timed_out=kind, marker_lost=True)
+
+    def _text(self, buffer: CappedBuffer) -> str:
+        raw = buffer.contents()
+        cut = raw.rfind(b"\n" + self._start)
+        if cut < 0:
+            cut = raw.rfind(self._start)
+        if cut >= 0:
+            raw = raw[:cut]
+        return normalise(raw)
+
+    def _exit_status(self) -> int | None:
+        try:
+            return self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            return None
+
+    # -- shutdown --------------------------------------------------------------------------------------------------
+    def kill(self) -> None:
+        """End the shell and everything it started; idempotent."""
+        victims = self.processes()
+        try:
+            os.killpg(self.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        procs.kill_all(victims | {self.pid})
+        for _ in range(3):
+            rest = self.processes()
+            if not rest:
+                break
+            procs.kill_all(rest)
+            time.sleep(0.01)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _to_int(text: bytes) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
