@@ -137,7 +137,7 @@ def register_tasks(register):
         task_id = str(data["id"])
         if task_id in seen:
             # MLGym itself ships variants that reuse an id (e.g. a second config of one task): the first file wins
-            log.info("MLGym task file %s reuses id %r of %s; registering only the latter", path, task_id, seen[task_id])
+            log.info("MLGym task file %s reuses id %r of %s; keeping the first", path, task_id, seen[task_id])
             continue
         seen[task_id] = path
         description = str(data.get("name") or task_id).strip().splitlines()[0]
