@@ -1,0 +1,190 @@
+"""``mlgym-registry replay PATH.traj``: send a recorded MLGym run's responses through our env and compare.
+
+Every recorded response goes to the env in order. The report lists, per step, the recorded action, the kind of
+observation MLGym gave and the kind ours gave, then the final scores side by side. It is printed and written to
+``OUT/replay-report.json``, next to our own ``.traj`` and ``results.json`` of the replayed episode.
+
+The task defaults to ``mlgym/<id>`` when an MLGym checkout is registered, else to our own task of that id, with a
+warning: recorded ``edit N:M`` commands were aimed at MLGym's starter files, whose line numbers ours need not share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .run import shorten
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``replay``."""
+    parser.add_argument("traj", metavar="PATH.traj", help="an MLGym trajectory file")
+    parser.add_argument("--task", default=None, help="task to replay on (default: mlgym/<id>, else our <id>)")
+    parser.add_argument("--out", default=None, help="folder for the report (default: runs/replay-<id>-<time>)")
+    parser.add_argument("--max-steps", type=int, default=None, help="steps before autosubmission (default: the task's)")
+    parser.add_argument("--seed", type=int, default=None, help="seed for the backend and the evaluator")
+    parser.add_argument("--quiet", action="store_true", help="print only the summary")
+
+
+@dataclass
+class StepComparison:
+    """One replayed step: what MLGym's run did and saw, and what ours saw."""
+
+    index: int
+    action: str
+    recorded_kind: str
+    our_kind: str
+    recorded_observation: str
+    our_observation: str
+
+    @property
+    def same_kind(self) -> bool:
+        """True when both observations are of the same kind."""
+        return self.recorded_kind == self.our_kind
+
+
+@dataclass
+class ReplayReport:
+    """The comparison of a recorded run with its replay through our env."""
+
+    source: str
+    task: str
+    warnings: list[str] = field(default_factory=list)
+    steps: list[StepComparison] = field(default_factory=list)
+    recorded_scores: list[dict[str, Any]] = field(default_factory=list)
+    our_scores: list[dict[str, Any]] = field(default_factory=list)
+    recorded_exit_status: str = ""
+    our_exit_status: str = ""
+    baseline: dict[str, Any] | None = None
+    completed: bool = False
+    note: str = ""
+
+    @property
+    def matching_kinds(self) -> int:
+        """How many steps got an observation of the same kind as in the recording."""
+        return sum(step.same_kind for step in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        data = asdict(self)
+        data["matching_kinds"] = self.matching_kinds
+        return data
+
+
+def default_task(trajectory_path: Path, task_id: str | None) -> tuple[str, list[str]]:
+    """The task to replay on and any warning: ``mlgym/<id>`` when registered, else our ``<id>``."""
+    from ..registry import registry
+
+    tasks = set(registry.names("task"))
+    candidates = [c for c in (task_id, trajectory_path.stem, trajectory_path.parent.name) if c]
+    for candidate in candidates:
+        if f"mlgym/{candidate}" in tasks:
+            return f"mlgym/{candidate}", []
+    for candidate in candidates:
+        if candidate in tasks:
+            return candidate, [
+                f"no MLGym checkout provides mlgym/{candidate}; replaying on our own task {candidate!r}. The recorded "
+                f"line-numbered edits were aimed at MLGym's starter files, so edits may land on other lines here."
+            ]
+    raise SystemExit(
+        f"mlgym-registry replay: cannot tell which task {trajectory_path} belongs to (tried {candidates}); "
+        f"pass --task NAME"
+    )
+
+
+def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None = None, seed: int | None = None,
+           stream: TextIO | None = None, warnings: list[str] | None = None) -> ReplayReport:
+    """Replay ``trajectory_path`` on ``task``, write our ``.traj``, ``results.json`` and the report to ``out``."""
+    from ..backends.local.observation_kinds import observation_kind
+    from ..episode import run_episode
+    from ..policies.replay import ReplayPolicy
+    from ..registry import registry
+    from ..trajectories import TrajectoryWriter, atomic_write_json, load_traj
+    from .run import Transcript, sigint_deferred
+
+    recorded = load_traj(trajectory_path)
+    spec = registry.spec(task)
+    if max_steps:
+        spec = registry.spec(spec.replace(max_steps=max_steps, components={}))
+    report = ReplayReport(
+        source=str(trajectory_path),
+        task=task,
+        warnings=list(warnings or []),
+        recorded_scores=recorded.scores,
+        recorded_exit_status=str(recorded.info.get("exit_status") or ""),
+        baseline=spec.baseline,
+    )
+    writer = TrajectoryWriter(out, spec.id.replace("/", "_"), baseline=spec.baseline,
+                              environment=f"mlgym_registry:{spec.backend}")
+    policy = ReplayPolicy(recorded)
+    env = registry.make(spec)
+    try:
+        result = run_episode(env, policy, spec=spec, writer=writer, seed=seed,
+                             on_turn=Transcript(stream) if stream is not None else None)
+    finally:
+        with sigint_deferred():
+            env.close()
+    for turn, step in zip(result.turns, recorded.steps, strict=False):  # either may be longer
+        report.steps.append(StepComparison(
+            index=turn.index,
+            action=(step.action or "").strip(),
+            recorded_kind=observation_kind(step.observation),
+            our_kind=observation_kind(turn.observation),
+            recorded_observation=shorten(step.observation or "", lines=3),
+            our_observation=shorten(turn.observation, lines=3),
+        ))
+    report.our_scores = list(result.info.get("score") or [])
+    report.our_exit_status = str(result.info.get("exit_status") or "")
+    report.completed = True
+    if result.stop_reason:
+        report.note = result.stop_reason
+    elif len(result.turns) < len(recorded.steps):
+        report.note = (f"our episode ended after {len(result.turns)} of the {len(recorded.steps)} recorded steps "
+                       f"({report.our_exit_status or 'done'})")
+    atomic_write_json(out / "replay-report.json", report.to_dict())
+    return report
+
+
+def format_report(report: ReplayReport) -> str:
+    """The report as text: a line per step, then the scores side by side."""
+    lines = [f"replay of {report.source} on task {report.task}"]
+    lines += [f"warning: {warning}" for warning in report.warnings]
+    width = max([len("recorded")] + [len(step.recorded_kind) for step in report.steps])
+    lines.append(f"{'step':>4}  {'recorded':<{width}}  {'ours':<{width}}  action")
+    for step in report.steps:
+        action = (step.action.splitlines() or [""])[0][:60]
+        mark = " " if step.same_kind else "*"
+        lines.append(f"{step.index + 1:>4}{mark} {step.recorded_kind:<{width}}  {step.our_kind:<{width}}  {action}")
+    lines.append(f"same observation kind on {report.matching_kinds} of {len(report.steps)} steps (* marks the others)")
+    lines.append(f"{'':>18}{'recorded':<40}ours")
+    lines.append(f"{'exit status':<18}{report.recorded_exit_status:<40}{report.our_exit_status}")
+    recorded_final = report.recorded_scores[-1] if report.recorded_scores else None
+    our_final = report.our_scores[-1] if report.our_scores else None
+    lines.append(f"{'final score':<18}{str(recorded_final):<40}{our_final}")
+    lines.append(f"{'scores recorded':<18}{len(report.recorded_scores):<40}{len(report.our_scores)}")
+    lines.append(f"{'baseline':<18}{report.baseline}")
+    if report.note:
+        lines.append(f"note: {report.note}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Replay the trajectory and print the report."""
+    from ..trajectories import load_traj
+
+    path = Path(args.traj)
+    load_traj(path)  # fail early, with the file's problem, before building anything
+    task, warnings = (args.task, []) if args.task else default_task(path, None)
+    for warning in warnings:
+        print(f"mlgym-registry replay: warning: {warning}", file=sys.stderr)
+    stem = task.replace("/", "_")
+    out = Path(args.out or Path("runs") / f"replay-{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    report = replay(path, task, out, max_steps=args.max_steps, seed=args.seed, warnings=warnings,
+                    stream=None if args.quiet else sys.stdout)
+    print(format_report(report))
+    print(f"wrote {out / 'replay-report.json'}")
+    return 0
