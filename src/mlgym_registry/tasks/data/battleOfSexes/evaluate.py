@@ -11,7 +11,7 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).absolute().parent))
 
 import target  # noqa: E402
 from strategy import row_strategy  # noqa: E402

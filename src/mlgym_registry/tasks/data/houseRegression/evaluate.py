@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-ANSWERS = Path(__file__).resolve().parent / "data" / "answer.csv"
+ANSWERS = Path(__file__).absolute().parent / "data" / "answer.csv"
 
 
 def read_prices(path, what):
