@@ -75,16 +75,22 @@ class ReplayReport:
         return data
 
 
-def default_task(trajectory_path: Path, task_id: str | None) -> tuple[str, list[str]]:
-    """The task to replay on and any warning: ``mlgym/<id>`` when registered, else our ``<id>``."""
+def default_task(trajectory_path: Path, environment: str = "mlgym_main") -> tuple[str, list[str]]:
+    """The task to replay on and any warning: ``mlgym/<id>`` when registered, else our ``<id>``.
+
+    The id is the file's stem (MLGym writes ``<id>.traj``) or its folder's name. ``environment`` is the ``.traj``'s
+    own: a recording made by this package on one of our tasks needs no warning.
+    """
     from ..registry import registry
 
     tasks = set(registry.names("task"))
-    candidates = [c for c in (task_id, trajectory_path.stem, trajectory_path.parent.name) if c]
+    candidates = [c for c in (trajectory_path.stem, trajectory_path.parent.name) if c]
     for candidate in candidates:
         if f"mlgym/{candidate}" in tasks:
             return f"mlgym/{candidate}", []
     for candidate in candidates:
+        if candidate in tasks and environment.startswith("mlgym_registry"):
+            return candidate, []
         if candidate in tasks:
             return candidate, [
                 f"no MLGym checkout provides mlgym/{candidate}; replaying on our own task {candidate!r}. The recorded "
@@ -99,8 +105,8 @@ def default_task(trajectory_path: Path, task_id: str | None) -> tuple[str, list[
 def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None = None, seed: int | None = None,
            stream: TextIO | None = None, warnings: list[str] | None = None) -> ReplayReport:
     """Replay ``trajectory_path`` on ``task``, write our ``.traj``, ``results.json`` and the report to ``out``."""
-    from ..backends.local.observation_kinds import observation_kind
     from ..episode import run_episode
+    from ..observation_kinds import observation_kind
     from ..policies.replay import ReplayPolicy
     from ..registry import registry
     from ..trajectories import TrajectoryWriter, atomic_write_json, load_traj
@@ -133,7 +139,7 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
             index=turn.index,
             action=(step.action or "").strip(),
             recorded_kind=observation_kind(step.observation),
-            our_kind=observation_kind(turn.observation),
+            our_kind="format_error" if turn.format_error else observation_kind(turn.observation),
             recorded_observation=shorten(step.observation or "", lines=3),
             our_observation=shorten(turn.observation, lines=3),
         ))
@@ -177,8 +183,8 @@ def main(args: argparse.Namespace) -> int:
     from ..trajectories import load_traj
 
     path = Path(args.traj)
-    load_traj(path)  # fail early, with the file's problem, before building anything
-    task, warnings = (args.task, []) if args.task else default_task(path, None)
+    recorded = load_traj(path)  # fail early, with the file's problem, before building anything
+    task, warnings = (args.task, []) if args.task else default_task(path, recorded.environment)
     for warning in warnings:
         print(f"mlgym-registry replay: warning: {warning}", file=sys.stderr)
     stem = task.replace("/", "_")
