@@ -137,6 +137,15 @@ def test_blotto_evaluator_is_deterministic_and_matches_its_baseline(reg, tmp_pat
     assert abs(first["Score"] - spec.baseline["Score"]) < 0.02
 
 
+def test_seed_covers_numpy_and_import_time_randomness(reg, tmp_path):
+    spec, workspace = stage(reg, "prisonersDilemma", tmp_path)
+    (workspace / "strategy.py").write_text(
+        "import random\nimport numpy as np\nBIAS = random.random()\n"
+        "def row_strategy(history):\n    return int(np.random.random() < BIAS)\n"
+    )
+    assert score(spec, workspace, 11) == score(spec, workspace, 11)
+
+
 def test_unseeded_runs_differ(reg, tmp_path):
     spec, workspace = stage(reg, "prisonersDilemma", tmp_path)
     assert score(spec, workspace, None) != score(spec, workspace, None)

@@ -13,10 +13,7 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).absolute().parent))
-
-import target  # noqa: E402
-from strategy import row_strategy  # noqa: E402
+HERE = Path(__file__).absolute().parent
 
 SOLDIERS = 120
 BATTLEFIELDS = 6
@@ -62,28 +59,30 @@ def play(row, column):
     return total / ROUNDS
 
 
-def seed_from_env():
-    """Seed every random source from MLGYM_REGISTRY_SEED when it is set."""
+def read_seed():
+    """The integer in MLGYM_REGISTRY_SEED, or None when it is unset."""
     value = os.environ.get("MLGYM_REGISTRY_SEED", "").strip()
     if not value:
-        return
+        return None
     try:
-        seed = int(value)
+        return int(value)
     except ValueError:
         raise SystemExit(f"MLGYM_REGISTRY_SEED must be an integer, got {value!r}") from None
-    random.seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed % 2**32)
-    except ImportError:
-        pass
-    if isinstance(getattr(target, "RNG", None), random.Random):
-        target.RNG.seed(f"opponent-{seed}")
 
 
 def main():
-    seed_from_env()
+    seed = read_seed()
+    if seed is not None:
+        random.seed(seed)  # before the imports, so that randomness at import time is reproducible too
+    sys.path.insert(0, str(HERE))
+    import target
+    from strategy import row_strategy
+
+    if seed is not None:
+        if "numpy" in sys.modules:  # seeded only when a strategy imported it: importing it here would add ~0.1 s
+            sys.modules["numpy"].random.seed(seed % 2**32)
+        if isinstance(getattr(target, "RNG", None), random.Random):
+            target.RNG.seed(f"opponent-{seed}")
     scores = [play(row_strategy, target.target_column_strategy) for _ in range(GAMES)]
     print(json.dumps({"Score": math.fsum(scores) / len(scores)}))
 
