@@ -22,6 +22,8 @@ def history_spec(device: torch.device | None = None) -> Composite:
         shape=(),
         data_cls=History,
         device=device,
+        # step_mdp moves the History as one object instead of field by field (which would cost a pass per message)
+        step_mdp_static=True,
     )
 
 
@@ -31,14 +33,63 @@ def message(role: str, content: str, device: torch.device | None = None) -> Tens
     return history._tensordict
 
 
-def history_from(messages: list[TensorDict]) -> History:
-    """A ``History`` of shape ``(len(messages),)`` over already-built message tensordicts.
+class MessageStack(LazyStackedTensorDict):
+    """The messages of a conversation, stacked lazily; a shallow clone shares the (never modified) messages.
 
-    The messages are shared, not copied: building a history one turn longer than the last costs a list copy, not a
-    pass over every message's fields.
+    TorchRL shallow-clones every tensordict several times per step (``step``, ``step_mdp``), and a plain lazy stack
+    clones each message's fields and intersects every message's keys each time, so a step would cost more the longer
+    the conversation. Messages are written once and never changed in place, so sharing them is safe; the common
+    keys are kept as the stack grows. A shallow clone or a one-turn-longer stack costs one list copy.
     """
-    stacked = LazyStackedTensorDict._new_lazy_unsafe(*messages, stack_dim=0)
+
+    _message_keys: tuple[str, ...] | None = None
+
+    def _key_list(self) -> list[str]:
+        if self._message_keys is not None:
+            return list(self._message_keys)
+        return super()._key_list()
+
+    def _clone(self, recurse: bool = True) -> MessageStack:
+        if recurse:
+            return super()._clone(recurse=True)
+        return self._share(list(self.tensordicts), self._message_keys)
+
+    def extended(self, messages: list[TensorDict]) -> MessageStack:
+        """A new stack: these messages followed by ``messages`` (shared, not copied)."""
+        keys = set(self._key_list())
+        for item in messages:
+            keys.intersection_update(item.keys())
+        return self._share(self.tensordicts + list(messages), tuple(sorted(keys)))
+
+    def _share(self, messages: list[TensorDict], keys: tuple[str, ...] | None) -> MessageStack:
+        new = type(self).__new__(type(self))
+        new._is_locked = None
+        new.tensordicts = messages
+        new.stack_dim = self.stack_dim
+        new._batch_size = torch.Size([len(messages), *self._batch_size[1:]])
+        new.hook_out = self.hook_out
+        new.hook_in = self.hook_in
+        new._message_keys = keys
+        if self._td_dim_name is not None:
+            new._td_dim_name = self._td_dim_name
+        return new
+
+
+def history_from(messages: list[TensorDict]) -> History:
+    """A ``History`` of shape ``(len(messages),)`` over already-built message tensordicts (shared, not copied)."""
+    stacked = MessageStack._new_lazy_unsafe(*messages, stack_dim=0)
+    stacked._message_keys = tuple(LazyStackedTensorDict._key_list(stacked))
     return History._from_tensordict(stacked)
+
+
+def extend_history(history: History, messages: list[TensorDict]) -> History:
+    """``history`` followed by ``messages``; costs the same however long ``history`` is when it was built here."""
+    stacked = history._tensordict
+    if isinstance(stacked, MessageStack) and stacked.stack_dim == 0:
+        return History._from_tensordict(stacked.extended(messages))
+    if isinstance(stacked, LazyStackedTensorDict) and stacked.stack_dim == 0:
+        return history_from(list(stacked.tensordicts) + list(messages))
+    return history_from(list(stacked.unbind(0)) + list(messages))
 
 
 def as_dicts(history: Any) -> list[dict[str, str]]:

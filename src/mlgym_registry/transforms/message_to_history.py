@@ -6,19 +6,10 @@ history shares the previous one's messages, so a step costs the same at turn 10 
 
 from __future__ import annotations
 
-from typing import Any
-
-from tensordict import LazyStackedTensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from .base import ASSISTANT_KEY, ChainTransform
-from .history import history_from, message
-
-
-def _messages_of(history: Any) -> list:
-    td = history._tensordict
-    if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0:
-        return list(td.tensordicts)
-    return list(td.unbind(0))
+from .history import extend_history, message
 
 
 class MessageToHistory(ChainTransform):
@@ -27,7 +18,7 @@ class MessageToHistory(ChainTransform):
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         history = tensordict_reset.get(self.layout.history)
         user = message("user", str(tensordict_reset[self.layout.message]), self.base.device)
-        tensordict_reset.set(self.layout.history, history_from(_messages_of(history) + [user]))
+        tensordict_reset.set(self.layout.history, extend_history(history, [user]))
         return tensordict_reset
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
@@ -39,5 +30,5 @@ class MessageToHistory(ChainTransform):
         assistant = assistant if isinstance(assistant, str) else str(getattr(assistant, "data", assistant))
         user = str(next_tensordict[self.layout.message])
         new = [message("assistant", assistant, device), message("user", user, device)]
-        next_tensordict.set(self.layout.history, history_from(_messages_of(history) + new))
+        next_tensordict.set(self.layout.history, extend_history(history, new))
         return next_tensordict
