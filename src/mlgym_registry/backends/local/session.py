@@ -138,7 +138,10 @@ class ShellSession:
             return b""
 
     def _interrupt(self, buffer: CappedBuffer, recent: bytes, kind: str) -> Result:
-        """Kill the running command's processes and give the shell a moment to finish the command."""
+        """Kill the running command's processes and give the shell a moment to print the marker.
+
+        Programs the rest of the command line starts during that moment are killed as well; shell builtins still run.
+        """
         for _ in range(3):  # a process may fork while we kill: repeat until none is left
             victims = self.processes()
             if not victims:
@@ -147,8 +150,10 @@ class ShellSession:
             time.sleep(0.02)
         deadline = time.monotonic() + INTERRUPT_GRACE
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self._fd], [], [], max(deadline - time.monotonic(), 0))
+            ready, _, _ = select.select([self._fd], [], [], min(max(deadline - time.monotonic(), 0), 0.05))
             if not ready:
+                # the rest of the command line keeps running in the shell: stop whatever it starts next too
+                procs.kill_all(self.processes())
                 continue
             data = self._read_available()
             if data is None:

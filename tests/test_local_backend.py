@@ -1,0 +1,384 @@
+"""End-to-end behaviour of the local backend on a tiny task written here (MLGym's step contract, evaluation, tools)."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mlgym_registry.backends.local import LocalBackend
+from mlgym_registry.backends.protocol import INFO_KEYS, Backend
+from mlgym_registry.specs import TaskSpec
+
+STRATEGY = textwrap.dedent(
+    '''\
+    """Row player of a tiny repeated game."""
+
+
+    def row_strategy(history):
+        """Always cooperate."""
+        return 0
+    '''
+)
+TARGET = "def target_column_strategy(history):\n    return 0\n"
+EVALUATE = textwrap.dedent(
+    """\
+    import json
+    import os
+
+    from strategy import row_strategy
+    from target import target_column_strategy
+
+    PAYOFF = {(0, 0): 3, (0, 1): 0, (1, 0): 5, (1, 1): 1}
+    history = []
+    total = 0
+    for _ in range(10):
+        move = (row_strategy(history), target_column_strategy(history))
+        total += PAYOFF[move]
+        history.append(move)
+    result = {"Score": total / 10}
+    if os.environ.get("MLGYM_REGISTRY_SEED"):
+        result["Seed"] = int(os.environ["MLGYM_REGISTRY_SEED"])
+    print(json.dumps(result))
+    """
+)
+DEFECT = "edit 4:6 << 'end_of_edit'\ndef row_strategy(history):\n    return 1\nend_of_edit"
+
+
+def tiny_spec(tmp_path: Path, **changes) -> TaskSpec:
+    """A PythonSubmissionTasks task in ``tmp_path``: cooperate-vs-cooperate scores 3.0, defecting scores 5.0."""
+    source = tmp_path / "task_src"
+    (source / "data_src").mkdir(parents=True)
+    (source / "strategy.py").write_text(STRATEGY)
+    (source / "target.py").write_text(TARGET)
+    (source / "evaluate.py").write_text(EVALUATE)
+    (source / "data_src" / "numbers.txt").write_text("1\n2\n3\n")
+    fields = dict(
+        id="tinyGame",
+        name="Tiny game",
+        description="Write row_strategy.\n{dataset_docs}Good luck.",
+        task_entrypoint="PythonSubmissionTasks",
+        training_timeout=120,
+        starter_code=["strategy.py", "target.py", "evaluate.py"],
+        datasets=[{"name": "numbers", "description": "three numbers", "data_path": "data_src", "is_local": True}],
+        baseline_scores=[{"Score": 3.0}],
+        evaluation_paths=["evaluate.py"],
+        evaluation_read_only=True,
+        protected_files=["target.py"],
+        max_steps=10,
+        root=str(source),
+    )
+    fields.update(changes)
+    return TaskSpec(**fields)
+
+
+@pytest.fixture
+def backend(tmp_path):
+    env = LocalBackend(tiny_spec(tmp_path))
+    env.reset()
+    env.install_tools()
+    yield env
+    env.close()
+
+
+def test_reset_contract(tmp_path):
+    env = LocalBackend(tiny_spec(tmp_path))
+    try:
+        assert env.task is None and env.name == "mlgym_main"
+        assert env.reset() == ({"observation": None}, {})
+        assert isinstance(env, Backend)
+        assert env.current_step == 0 and env.max_steps == 10
+        assert env.task.args.description == "Write row_strategy.\nNUMBERS:\nthree numbers\n\nGood luck."
+        assert env.task.args.training_timeout == 120
+        assert sorted(p.name for p in env.task_workspace.iterdir()) == ["data", "evaluate.py", "strategy.py", "target.py"]
+        assert (env.task_workspace / "data" / "numbers.txt").read_text() == "1\n2\n3\n"
+        assert env.communicate("pwd") == str(env.task_workspace)
+        assert env.communicate("which python flake8").split("\n") == [
+            str(Path(os.sys.executable).parent / "python"),
+            str(Path(os.sys.executable).parent / "flake8"),
+        ]
+    finally:
+        env.close()
+
+
+def test_reset_gives_a_fresh_workspace_and_step_count(backend):
+    backend.step("touch leftover.txt")
+    backend.step("validate")
+    backend.reset()
+    assert backend.current_step == 0
+    assert not (backend.task_workspace / "leftover.txt").exists()
+    _, _, _, info = backend.step("echo fresh")
+    assert info["score"] == []
+
+
+def test_ls_lists_starter_files(backend):
+    obs, reward, done, info = backend.step("ls -a")
+    assert obs.split("\n") == [".", "..", "data", "evaluate.py", "strategy.py", "target.py"]
+    assert (reward, done) == (0, False)
+    assert tuple(info) == INFO_KEYS
+    assert backend.current_step == 1
+
+
+def test_state_and_open_window(backend):
+    ws = backend.task_workspace
+    assert json.loads(backend.communicate("state")) == {"open_file": "n/a", "working_dir": str(ws)}
+    obs, *_ = backend.step('open "strategy.py"')
+    lines = STRATEGY.rstrip("\n").split("\n")
+    expected = [f"[File: {ws}/strategy.py ({len(lines)} lines total)]"]
+    expected += [f"{i}:{text}" for i, text in enumerate(lines, 1) if f"{i}:{text}"]
+    assert obs == "\n".join(expected)
+    assert json.loads(backend.communicate("state")) == {"open_file": f"{ws}/strategy.py", "working_dir": str(ws)}
+
+
+def test_guarded_edit_validate_submit(backend):
+    ws = backend.task_workspace
+    backend.step('open "strategy.py"')
+    obs, _, done, _ = backend.step(DEFECT)
+    assert not done
+    assert obs.startswith(f"[File: {ws}/strategy.py (5 lines total)]\n1:\"\"\"Row player of a tiny repeated game.\"\"\"\n")
+    assert "4:def row_strategy(history):\n5:    return 1\nFile updated." in obs
+    assert (ws / "strategy.py").read_text().endswith("def row_strategy(history):\n    return 1\n")
+
+    obs, reward, done, info = backend.step("validate")
+    assert obs == (
+        f"Your code produced a valid submission artefact at {ws}/target.py.\n"
+        "Baseline Score: {'Score': 3.0}\nEvaluation Score: {'Score': 5.0}"
+    )
+    assert (reward, done, info["score"], info["exit_status"]) == (0, False, [{"Score": 5.0}], "")
+
+    obs, reward, done, info = backend.step("submit")
+    assert (obs, reward, done) == ("Exited (submit)", 0, True)
+    assert info["exit_status"] == "submitted"
+    assert info["submission"] == f"{ws}/target.py"
+    assert info["score"] == [{"Score": 5.0}, {"Score": 5.0}]
+
+
+def test_validate_without_baseline(tmp_path):
+    with LocalBackend(tiny_spec(tmp_path, baseline_scores=[])) as env:
+        env.reset()
+        env.install_tools()
+        obs, *_ = env.step("validate")
+        assert "\nBaseline Score: NA (no baseline was there)\nEvaluation Score: {'Score': 3.0}" in obs
+
+
+def test_max_steps_autosubmits_without_running_the_action(tmp_path):
+    with LocalBackend(tiny_spec(tmp_path, max_steps=2)) as env:
+        env.reset()
+        env.install_tools()
+        assert env.step("echo one")[2] is False
+        assert env.step("echo two")[2] is False
+        obs, reward, done, info = env.step("touch should_not_exist")
+        assert (obs, done) == ("Exited (max_steps)", True)
+        assert info["exit_status"] == "autosubmission (max_steps)"
+        assert info["submission"] == f"{env.task_workspace}/target.py"
+        assert info["score"] == [{"Score": 3.0}]
+        assert not (env.task_workspace / "should_not_exist").exists()
+        assert env.current_step == 3
+
+
+def test_special_actions(backend):
+    assert backend.step("  skip \n")[:3] == ("Skipped", 0, True)
+    assert backend.step("skip")[3]["exit_status"] == "skipped"
+    obs, _, done, info = backend.step("exit_forfeit")
+    assert (obs, done, info["exit_status"], info["score"]) == ("Exited (exit_forfeit)", True, "exit_forfeit", [])
+    for action in ("exit_context", "exit_cost", "exit_error", "exit_format", "exit_api"):
+        obs, _, done, info = backend.step(action)
+        assert (obs, done, info["exit_status"]) == (f"Exited ({action})", True, f"autosubmission ({action})")
+        assert info["score"][-1] == {"Score": 3.0}
+
+
+def test_malformed_edit_counts_a_step_and_changes_nothing(backend):
+    backend.step('open "strategy.py"')
+    before = (backend.task_workspace / "strategy.py").read_text()
+    obs, _, done, _ = backend.step("edit 4:6\ndef row_strategy(history):\n    return 1\n")
+    assert obs == (
+        "Malformed edit command. Please ensure you use the `end_of_edit` keyword to mark the end of your edit."
+    )
+    assert not done and backend.current_step == 2
+    assert (backend.task_workspace / "strategy.py").read_text() == before
+
+
+def test_syntax_error_is_reported_and_not_run(backend):
+    obs, _, done, _ = backend.step("touch ran.txt\nif then fi (")
+    assert obs.startswith("/bin/bash: line 2: syntax error near unexpected token")
+    assert backend.returncode == 2 and not done
+    assert not (backend.task_workspace / "ran.txt").exists()
+    assert backend.communicate("echo still fine") == "still fine"
+
+
+def test_output_normalisation_and_returncode(backend):
+    script = (
+        r"printf 'a\r\n\n\nb\n  \n'; echo err >&2; "
+        r"echo ' 50%|#####     | 5/10 [00:01<00:01,  4.00it/s]'; printf 'last'"
+    )
+    assert backend.communicate(script) == "a\nb\n  \nerr\nlast"
+    assert backend.returncode == 0
+    assert backend.communicate("false") == "" and backend.returncode == 1
+    assert backend.communicate("(exit 7)") == "" and backend.returncode == 7
+    assert backend.communicate(r"printf '\xff\xfe ok'") == r"\xff\xfe ok"
+
+
+def test_exit_ends_the_session_and_the_next_command_gets_a_new_one(backend):
+    assert backend.communicate("exit") == "" and backend.returncode == 0
+    assert backend.communicate("pwd") == str(backend.task_workspace)
+    obs, _, done, _ = backend.step("exit")
+    assert "a new shell was started" in obs and not done
+    assert backend.step('open "strategy.py"')[0].startswith("[File: ")
+
+
+def test_timeout_choice_by_command(tmp_path):
+    with LocalBackend(tiny_spec(tmp_path), command_timeout=1, long_timeout=15) as env:
+        env.reset()
+        obs, _, done, _ = env.step("echo early; sleep 3 && echo late")
+        assert obs.startswith("early\n")
+        assert obs.endswith("\nEXECUTION TIMED OUT BECAUSE THE COMMAND WAS RUNNING FOR MORE THAN 1 SECONDS.")
+        assert not done and "late" not in obs
+        obs, *_ = env.step("python -c 'import time; time.sleep(2); print(\"trained\")'")
+        assert obs == "trained"
+
+
+def test_add_commands(backend):
+    backend.add_commands(
+        [
+            {"name": "greet.sh", "contents": "greet() {\n  echo \"hello $1\"\n}\n", "type": "source_file"},
+            {"name": "double", "contents": "#!/usr/bin/env bash\necho $(( $1 * 2 ))\n", "type": "script"},
+            {"name": "_helper", "contents": "not run\n", "type": "utility"},
+        ]
+    )
+    assert backend.communicate("greet you") == "hello you"
+    assert backend.communicate("double 21") == "42"
+    assert backend.communicate("test -f \"$(dirname \"$(command -v double)\")/_helper\" && echo present") == "present"
+    with pytest.raises(ValueError, match="source_file"):
+        backend.add_commands([{"name": "x", "contents": "", "type": "weird"}])
+    backend.step("kill $$")  # a restarted session gets them back
+    assert backend.communicate("greet again") == "hello again"
+
+
+def test_seed_reaches_the_evaluator(tmp_path):
+    with LocalBackend(tiny_spec(tmp_path), seed=1234) as env:
+        env.reset()
+        env.install_tools()
+        _, _, _, info = env.step("validate")
+        assert info["score"] == [{"Score": 3.0, "Seed": 1234}]
+        assert env.communicate("echo $MLGYM_REGISTRY_SEED") == "1234"
+
+
+def test_command_docs_and_toolset(backend):
+    tools = backend.install_tools()
+    assert tools.state_command == "state"
+    assert tools.env_variables["WINDOW"] == "1000" and tools.env_variables["CURRENT_FILE"] == ""
+    docs = tools.command_docs
+    names = [line[:-1] for line in docs.split("\n") if line and not line.startswith(" ")]
+    assert names[:4] == ["open", "goto", "scroll_down", "scroll_up"]
+    assert set(names) >= {"create", "edit", "insert", "search_dir", "search_file", "find_file", "submit", "validate"}
+    assert '  signature: open "<path>" [<line_number>]\n  arguments:\n    - path (string) [required]: ' in docs
+    assert "  signature: edit <start_line>:<end_line>\n<replacement_text>\nend_of_edit\n" in docs
+    assert "moves the editor window 1000 lines" in docs
+
+
+def write_task(tmp_path: Path, entrypoint: str, evaluate: str, starters: dict[str, str]) -> TaskSpec:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "evaluate.py").write_text(textwrap.dedent(evaluate))
+    for name, text in starters.items():
+        (source / name).write_text(text)
+    return TaskSpec(
+        id="t", task_entrypoint=entrypoint, training_timeout=60, starter_code=["evaluate.py", *starters],
+        evaluation_paths=["evaluate.py"], evaluation_read_only=True, baseline_scores=[{"acc": 0.5}],
+        root=str(source),
+    )
+
+
+def test_csv_task(tmp_path):
+    spec = write_task(
+        tmp_path,
+        "CSVSubmissionTasks",
+        """\
+        import argparse, json
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--submission_file")
+        rows = open(parser.parse_args().submission_file).read().split()
+        print(json.dumps({"acc": len(rows) / 4}))
+        """,
+        {},
+    )
+    with LocalBackend(spec) as env:
+        env.reset()
+        env.install_tools()
+        obs, _, done, info = env.step("validate")
+        assert obs.startswith("Submission artefact not found. You have to produce a valid submission artefact")
+        assert not done and info["score"] == []
+        env.step("printf 'a\\nb\\nc\\n' > submission.csv")
+        obs, _, _, info = env.step("validate")
+        assert obs.startswith(f"Your code produced a valid submission artefact at {env.task_workspace}/submission.csv.")
+        assert info["score"] == [{"acc": 0.75}]
+        env.step("rm submission.csv")
+        obs, _, done, info = env.step("submit")
+        assert (obs, done, info["exit_status"]) == ("Exited (submit)", True, "submission_not_found (submit)")
+
+
+def test_model_task_reads_the_first_json_line(tmp_path):
+    spec = write_task(
+        tmp_path,
+        "ModelSubmissionTasks",
+        """\
+        import argparse, json
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--config_fname")
+        name = parser.parse_args().config_fname
+        print("loading", name.split("/")[-1])
+        print(json.dumps({"reward": 1.5}))
+        """,
+        {"config.yaml": "lr: 0.1\n"},
+    )
+    with LocalBackend(spec) as env:
+        env.reset()
+        env.install_tools()
+        obs, _, _, info = env.step("validate")
+        assert obs.startswith(f"Your code produced a valid submission artefact at {env.task_workspace}/config.yaml.")
+        assert info["score"] == [{"reward": 1.5}]
+
+
+def test_evaluation_format_error(tmp_path):
+    spec = write_task(tmp_path, "PythonSubmissionTasks", "print('no json here')\nraise SystemExit(3)\n", {})
+    with LocalBackend(spec) as env:
+        env.reset()
+        env.install_tools()
+        obs, _, done, info = env.step("validate")
+        assert obs == (
+            "Failed to decode metrics from evaluation script. Output:\n---\nno json here\n---\n"
+            "Please make sure the evaluation script prints the metrics in json format."
+        )
+        assert not done and info["score"] == []
+        obs, _, done, info = env.step("submit")
+        assert (obs, done, info["exit_status"]) == ("Exited (submit)", True, "evaluation_format_error (submit)")
+
+
+def test_lm_tasks_get_a_clear_message(tmp_path):
+    spec = write_task(tmp_path, "LMSubmissionTasks", "print('{}')\n", {})
+    with LocalBackend(spec) as env:
+        env.reset()
+        env.install_tools()
+        obs, _, done, _ = env.step("validate")
+        assert obs.startswith("Error: the local backend cannot evaluate LMSubmissionTasks tasks")
+        assert "'mlgym' backend" in obs and not done
+
+
+def test_aliases_file_is_sourced(tmp_path):
+    aliases = tmp_path / "aliases.sh"
+    aliases.write_text("alias ls='ls -F'\n")
+    with LocalBackend(tiny_spec(tmp_path, aliases_file=str(aliases))) as env:
+        env.reset()
+        assert env.step("ls")[0].split("\n") == ["data/", "evaluate.py*", "strategy.py", "target.py"]
+
+
+def test_make_override_signature_has_no_kwargs():
+    import inspect
+
+    params = inspect.signature(LocalBackend).parameters
+    assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in params.values())
+    assert {"command_timeout", "long_timeout", "max_output_chars", "memory_limit_mb", "cpu_seconds", "max_processes",
+            "network", "seed", "workspace_dir"} <= set(params)
