@@ -93,7 +93,8 @@ def test_reset_contract(tmp_path):
         assert env.current_step == 0 and env.max_steps == 10
         assert env.task.args.description == "Write row_strategy.\nNUMBERS:\nthree numbers\n\nGood luck."
         assert env.task.args.training_timeout == 120
-        assert sorted(p.name for p in env.task_workspace.iterdir()) == ["data", "evaluate.py", "strategy.py", "target.py"]
+        names = sorted(p.name for p in env.task_workspace.iterdir())
+        assert names == ["data", "evaluate.py", "strategy.py", "target.py"]
         assert (env.task_workspace / "data" / "numbers.txt").read_text() == "1\n2\n3\n"
         assert env.communicate("pwd") == str(env.task_workspace)
         assert env.communicate("which python flake8").split("\n") == [
@@ -138,7 +139,7 @@ def test_guarded_edit_validate_submit(backend):
     backend.step('open "strategy.py"')
     obs, _, done, _ = backend.step(DEFECT)
     assert not done
-    assert obs.startswith(f"[File: {ws}/strategy.py (5 lines total)]\n1:\"\"\"Row player of a tiny repeated game.\"\"\"\n")
+    assert obs.startswith(f'[File: {ws}/strategy.py (5 lines total)]\n1:"""Row player of a tiny repeated game."""\n')
     assert "4:def row_strategy(history):\n5:    return 1\nFile updated." in obs
     assert (ws / "strategy.py").read_text().endswith("def row_strategy(history):\n    return 1\n")
 
