@@ -1,0 +1,137 @@
+"""A real rollout: TorchRL's ``TransformersWrapper`` over a tiny random model drives the chain.
+
+The tokenizer is built in code and the model from a config with random weights: nothing is downloaded. The model
+writes garbage, so every step is a format error: retry, penalty, the backend is never stepped, nothing crashes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from standin import StandinBackend  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from torchrl.data.llm.history import _CHAT_TEMPLATES  # noqa: E402
+from torchrl.modules.llm import TransformersWrapper  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+from mlgym_registry import TaskSpec, registry  # noqa: E402
+
+SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+PENALTY = -1.0
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained in code on a few lines, with ChatML's special tokens."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    corpus = ["You are an agent in a shell. Run one command per reply.", "```\nls -a\n```", "validate submit edit"]
+    tok.train_from_iterator(corpus * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>", bos_token="<|im_start|>"
+    )
+    fast.chat_template = _CHAT_TEMPLATES["chatml_format"]
+    return fast
+
+
+def tiny_model(tokenizer) -> LlamaForCausalLM:
+    """A one-layer Llama with random weights."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return tiny_model(tokenizer)
+
+
+@pytest.fixture
+def standin_backend():
+    backends: list[StandinBackend] = []
+
+    def factory(spec, **options):
+        backends.append(StandinBackend(spec, **options))
+        return backends[-1]
+
+    registry.register("backend", "standin_rollout", factory)
+    try:
+        yield backends
+    finally:
+        registry.unregister("backend", "standin_rollout")
+
+
+SPEC = TaskSpec(id="tinyTask", description="Improve the strategy.", baseline_scores=[{"Score": 1.0}], max_steps=20)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("input_mode", ["history", "text"])
+def test_rollout_with_transformers_wrapper(tokenizer, model, standin_backend, input_mode):
+    env = registry.make(SPEC, backend="standin_rollout", tokenizer=tokenizer, reward_wrong_format=PENALTY)
+    policy = TransformersWrapper(
+        model,
+        tokenizer=tokenizer,
+        input_mode=input_mode,
+        generate=True,
+        generate_kwargs={"max_new_tokens": 12, "do_sample": True},
+        chat_template_name="chatml_format",
+    )
+    try:
+        steps = 3
+        rollout = env.rollout(steps, policy)
+        assert rollout.batch_size == (steps,)
+        # garbage in: every step is a retry with the penalty, and the backend never ran anything
+        assert rollout["next", "retry"].all()
+        assert torch.equal(rollout["next", "reward"], torch.full((steps, 1), PENALTY))
+        assert not rollout["next", "done"].any()
+        backend = standin_backend[-1]
+        assert backend.actions == []
+        # the conversation goes on: assistant turn + format-error message each step
+        last = rollout[-1]["next", "history", "prompt"]
+        assert last.shape[0] == 2 + 2 * steps
+        assert last.role[-2:] == ["assistant", "user"]
+        assert "could not be used" in last.content[-1]
+        # the text prompt is what the tokenizer's template renders from that history
+        expected = tokenizer.apply_chat_template(
+            [{"role": r, "content": c} for r, c in zip(last.role, last.content, strict=True)],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        assert rollout[-1]["next", "text", "prompt"] == expected
+    finally:
+        env.close()
+    assert backend.closed
+
+
+@pytest.mark.slow
+def test_tokenizer_from_a_local_path(tmp_path, tokenizer, standin_backend):
+    tokenizer.save_pretrained(tmp_path / "tok")
+    env = registry.make(SPEC, backend="standin_rollout", tokenizer=str(tmp_path / "tok"))
+    try:
+        td = env.reset()
+        assert td["text", "prompt"].startswith("<|im_start|>system\n")
+        assert td["text", "prompt"].endswith("<|im_start|>assistant\n")
+    finally:
+        env.close()
