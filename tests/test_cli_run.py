@@ -1,0 +1,134 @@
+"""`mlgym-registry run`: the demo episode, its recording, num-envs, and what an interrupted run leaves behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import run_cli
+
+from mlgym_registry.cli import main as cli_main
+from mlgym_registry.trajectories import load_results, load_traj
+
+GAMES = ("prisonersDilemma", "battleOfSexes", "blotto")
+
+
+def baseline_and_score(out: Path) -> tuple[float, float]:
+    results = load_results(out / "results.json")
+    return results["baseline"]["Score"], results["agent"][-1]["Score"]
+
+
+def test_demo_episode_shows_each_turn_beats_the_baseline_and_is_replayable(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert cli_main(["run", "prisonersDilemma", "--policy", "scripted", "--seed", "0", "--out", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "[  1] ls -a" in shown and "validate" in shown and "reward +" in shown
+    assert "above the baseline" in shown.splitlines()[-2]
+    trajectory = load_traj(out / "prisonersDilemma.traj")
+    assert trajectory.info["exit_status"] == "submitted"
+    assert [step.action.split("\n")[0] for step in trajectory.steps[:3]] == ["ls -a", 'open "strategy.py"', "edit 1:24"]
+    baseline, score = baseline_and_score(out)
+    assert score > baseline
+    assert cli_main(["replay", str(out / "prisonersDilemma.traj"), "--out", str(tmp_path / "replay"), "--seed", "0",
+                     "--quiet"]) == 0
+    report = capsys.readouterr().out
+    assert f"same observation kind on {len(trajectory.steps)} of {len(trajectory.steps)} steps" in report
+    assert (tmp_path / "replay" / "replay-report.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", GAMES[1:])
+def test_scripted_agent_beats_the_baseline_of_every_game(task, tmp_path):
+    out = tmp_path / task
+    assert cli_main(["run", task, "--seed", "1", "--out", str(out), "--quiet"]) == 0
+    baseline, score = baseline_and_score(out)
+    assert score > baseline
+
+
+@pytest.mark.slow
+def test_make_demo_command_in_a_fresh_process(tmp_path):
+    started = time.monotonic()
+    result = run_cli("run", "prisonersDilemma", "--policy", "scripted", "--seed", "0", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 60
+    assert "above the baseline" in result.stdout
+    assert load_traj(tmp_path / "prisonersDilemma.traj").steps
+
+
+def test_max_steps_autosubmits(tmp_path, capsys):
+    assert cli_main(["run", "blotto", "--max-steps", "2", "--out", str(tmp_path), "--quiet"]) == 0
+    trajectory = load_traj(tmp_path / "blotto.traj")
+    assert trajectory.info["exit_status"] == "autosubmission (max_steps)"
+    assert len(trajectory.steps) == 3  # two executed steps, then the one that triggers autosubmission
+
+
+def test_bad_arguments(tmp_path):
+    assert run_cli("run", "prisonersDilemma", "--num-envs", "0").returncode != 0
+    result = run_cli("run", "prisonersDilema", "--out", str(tmp_path))
+    assert result.returncode == 2 and "Did you mean 'prisonersDilemma'" in result.stderr
+    result = run_cli("run", "prisonersDilemma", "--policy", "replay", "--out", str(tmp_path))
+    assert result.returncode != 0 and "needs a path" in result.stderr
+
+
+def workspace_processes(root: Path) -> list[psutil.Process]:
+    """Processes whose working directory is under ``root`` (the backend's shell and its children)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if str(root) in proc.cwd():
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_sigint_mid_episode_keeps_the_steps_and_leaves_nothing_behind(tmp_path):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    out = tmp_path / "run"
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlgym_registry.cli", "run", "prisonersDilemma", "--policy", "human", "--out", str(out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    traj = out / "prisonersDilemma.traj"
+    try:
+        proc.stdin.write("ls -a\n")
+        proc.stdin.write("sleep 120\n")  # the second step is still running when Ctrl-C arrives
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(p.name() == "sleep" for p in workspace_processes(temp)):
+            time.sleep(0.2)
+        assert workspace_processes(temp), "the episode never got to its second step"
+        proc.send_signal(signal.SIGINT)
+        _stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    trajectory = load_traj(traj)  # complete and loadable
+    assert [step.action for step in trajectory.steps] == ["ls -a\n"]
+    assert "strategy.py" in trajectory.steps[0].observation
+    assert load_results(out / "results.json")["agent"] == []
+    assert not workspace_processes(temp), "processes were left running"
+    assert list(temp.iterdir()) == [], "the workspace was left on disk"
+
+
+@pytest.mark.slow
+def test_num_envs_runs_episodes_in_workers_and_records_each(tmp_path):
+    result = run_cli("run", "prisonersDilemma", "--num-envs", "2", "--seed", "0", "--out", str(tmp_path),
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "episodes done" in result.stderr
+    for index in range(2):
+        folder = tmp_path / f"env{index}"
+        assert load_traj(folder / "prisonersDilemma.traj").info["exit_status"] == "submitted"
+        baseline, score = baseline_and_score(folder)
+        assert score > baseline
