@@ -1,0 +1,280 @@
+"""End to end through ``registry.make`` with the default components and a stand-in backend registered in-process."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from standin import COMMAND_DOCS, StandinBackend
+from tensordict import TensorDict
+from torchrl.envs.utils import check_env_specs
+
+from mlgym_registry import TaskSpec, registry
+from mlgym_registry.chain import CHAIN_OPTIONS, build_env
+from mlgym_registry.components.isolators import guard_multiline_input
+from mlgym_registry.transforms.layout import LAYOUTS
+
+BASELINE = 2.0
+SPEC = TaskSpec(
+    id="toyGame", description="Write a strategy that beats the opponent.", baseline_scores=[{"Score": BASELINE}],
+    max_steps=12,
+)
+PENALTY = -0.5
+
+
+def fenced(command: str, thought: str = "DISCUSSION\nLet me do this.") -> str:
+    return f"{thought}\n```\n{command}\n```\n"
+
+
+class Backends:
+    """Every stand-in backend the registered factory made, with the options it was made with."""
+
+    def __init__(self):
+        self.made: list[StandinBackend] = []
+        self.options: dict = {}
+
+    def __call__(self, spec, **options):
+        backend = StandinBackend(spec, **{**self.options, **options})
+        self.made.append(backend)
+        return backend
+
+    @property
+    def last(self) -> StandinBackend:
+        return self.made[-1]
+
+
+@pytest.fixture
+def backends():
+    made = Backends()
+    registry.register("backend", "standin_chain", made)
+    try:
+        yield made
+    finally:
+        registry.unregister("backend", "standin_chain")
+
+
+def make(backends, layout="default", **options):
+    return registry.make(SPEC, backend="standin_chain", layout=layout, reward_wrong_format=PENALTY, **options)
+
+
+def step(env, td, response):
+    layout = env.base_env.layout
+    td.set(layout.response, response)
+    td = env.step(td)
+    return td["next"], env.step_mdp(td)
+
+
+def test_chain_options_are_the_contract():
+    assert set(CHAIN_OPTIONS) >= {"tokenizer", "chat_template_name", "reward_wrong_format", "device", "layout"}
+
+
+@pytest.mark.parametrize("layout", ["default", "seed"])
+def test_reset_gives_system_and_first_user_message(backends, layout):
+    env = make(backends, layout)
+    keys = LAYOUTS[layout]
+    td = env.reset()
+    history = td[keys.history]
+    assert history.role == ["system", "user"]
+    assert COMMAND_DOCS in history.content[0]
+    assert SPEC.description in history.content[1]
+    assert '(Current directory: /home/agent/workspace)' in history.content[1]
+    assert "(Current Step: 0, Remaining Steps: 12)" in history.content[1]
+    assert td[keys.message] == history.content[1]
+    prompt = td[keys.prompt]
+    assert prompt == (
+        f"<|im_start|>system\n{history.content[0]}<|im_end|>\n<|im_start|>user\n{history.content[1]}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert backends.last.resets == 1 and backends.last.tools_installed == 1
+    assert backends.last.communicated == ["state"]
+    assert td["retry"].item() is False
+    env.close()
+
+
+def test_episode_validate_submit_and_retry(backends):
+    backends.options = {"outputs": ["evaluate.py  strategy.py"], "scores": [{"Score": 2.4}, {"Score": 2.75}]}
+    env = make(backends)
+    td = env.reset()
+    backend = backends.last
+
+    # a fenced command steps the backend with exactly the isolated action; its output is in this step's message
+    nxt, td = step(env, td, fenced("ls -a"))
+    assert backend.actions == ["ls -a"]
+    assert nxt["message"].startswith("evaluate.py  strategy.py\n(Current Step: 1, Remaining Steps: 11)")
+    assert nxt["reward"].item() == 0.0 and not nxt["retry"] and not nxt["done"].item()
+    assert nxt["history", "prompt"].role[-2:] == ["assistant", "user"]
+    assert nxt["history", "prompt"].content[-2] == fenced("ls -a")
+
+    # no code block: retry, the backend is not stepped, penalty, and the conversation continues
+    nxt, td = step(env, td, "I think I should look at the files first.")
+    assert backend.actions == ["ls -a"]
+    assert nxt["retry"].item() is True
+    assert nxt["reward"].item() == PENALTY
+    assert not nxt["done"].item()
+    assert "could not be used" in nxt["message"]
+    assert nxt["history", "prompt"].content[-2] == "I think I should look at the files first."
+    assert nxt["state"] == td["state"]
+
+    # the next good response steps normally
+    nxt, td = step(env, td, fenced("validate"))
+    assert backend.actions == ["ls -a", "validate"]
+    assert nxt["retry"].item() is False
+    assert "Evaluation Score: {'Score': 2.4}" in nxt["message"]
+    assert nxt["reward"].item() == pytest.approx(2.4 - BASELINE)
+
+    # a multi-line edit reaches the backend heredoc-guarded, exactly as the isolator produced it
+    edit = "edit 1:2\ndef row_strategy(history):\n    return 1\nend_of_edit"
+    nxt, td = step(env, td, fenced(edit))
+    assert backend.actions[-1] == guard_multiline_input(edit).strip()
+    assert backend.actions[-1] != edit
+
+    # submit: the final score (only in info["score"]) gives the reward of that same step
+    nxt, td = step(env, td, fenced("submit"))
+    assert backend.actions[-1] == "submit"
+    assert nxt["done"].item() and nxt["terminated"].item()
+    assert nxt["reward"].item() == pytest.approx(2.75 - BASELINE)
+    env.close()
+    assert backend.closed
+
+
+def test_next_response_after_reset_starts_a_new_conversation(backends):
+    env = make(backends)
+    td = env.reset()
+    _, td = step(env, td, fenced("ls"))
+    td = env.reset()
+    assert td["history", "prompt"].role == ["system", "user"]
+    nxt, _ = step(env, td, fenced("pwd"))
+    assert nxt["history", "prompt"].shape == (4,)
+    assert backends.last.actions == ["ls", "pwd"]
+    assert backends.last.resets == 2
+    env.close()
+
+
+@pytest.mark.parametrize("layout", ["default", "seed"])
+def test_rollout_and_check_env_specs(backends, layout):
+    env = make(backends, layout)
+    check_env_specs(env)
+    keys = LAYOUTS[layout]
+
+    def policy(td: TensorDict) -> TensorDict:
+        td.set(keys.response, fenced("ls"))
+        return td
+
+    rollout = env.rollout(5, policy)
+    assert rollout.batch_size == (5,)
+    assert rollout[-1]["next"][keys.history].shape == (12,)
+    assert backends.last.actions[-5:] == ["ls"] * 5
+    env.close()
+
+
+def test_seed_layout_has_the_reference_flat_keys(backends):
+    env = make(backends, "seed")
+    td = env.reset()
+    assert set(td.keys()) == {"history", "text", "message", "state", "retry", "observation", "done", "terminated",
+                              "truncated"}
+    assert set(env.full_action_spec.keys()) == {"text_response"}
+    nxt, _ = step(env, td, fenced("ls"))
+    assert {"history", "text", "message", "state", "retry", "reward", "observation"} <= set(nxt.keys())
+    env.close()
+
+
+def test_default_layout_speaks_torchrl_llm_keys(backends):
+    env = make(backends)
+    td = env.reset()
+    assert ("history", "prompt") in td.keys(True) and ("text", "prompt") in td.keys(True)
+    assert list(env.full_action_spec.keys(True, True)) == [("text", "response")]
+    env.close()
+
+
+def test_multi_task_sampling_is_seeded_and_swaps_backends(backends):
+    other = SPEC.replace(id="otherGame", description="Another game.")
+    resolved = [registry.resolve(s, backend="standin_chain")[0] for s in (SPEC, other)]
+
+    def tasks_seen(seed: int) -> list[str]:
+        env = build_env(resolved, multi_task=True)
+        env.set_seed(seed)
+        seen = []
+        for _ in range(6):
+            td = env.reset()
+            seen.append(td["task"])
+            assert td["history", "prompt"].content[1].count({"toyGame": SPEC.description,
+                                                              "otherGame": other.description}[td["task"]]) == 1
+            nxt, _ = step(env, td, fenced("ls"))
+            assert nxt["task"] == td["task"]
+        env.close()
+        return seen
+
+    first = tasks_seen(3)
+    assert first == tasks_seen(3)
+    assert set(first) == {"toyGame", "otherGame"}
+    # a task change closes the previous backend; only the last one is left open, and env.close() closes it
+    assert all(b.closed for b in backends.made)
+
+
+def test_registry_make_with_tasks_list(backends):
+    registry.register("task", "toyGame", SPEC)
+    registry.register("task", "otherGame", SPEC.replace(id="otherGame"))
+    try:
+        env = registry.make(tasks=["toyGame", "otherGame"], backend="standin_chain")
+        td = env.reset()
+        assert td["task"] in {"toyGame", "otherGame"}
+        env.close()
+    finally:
+        registry.unregister("task", "toyGame")
+        registry.unregister("task", "otherGame")
+
+
+def test_backend_closed_when_env_is_garbage_collected(backends):
+    env = make(backends)
+    env.reset()
+    backend = backends.last
+    del env
+    gc.collect()
+    assert backend.closed
+
+
+def test_device_option(backends):
+    env = make(backends, device="cpu")
+    td = env.reset()
+    nxt, _ = step(env, td, "no block")
+    assert env.device == torch.device("cpu")
+    assert nxt["reward"].device == torch.device("cpu")
+    env.close()
+
+
+def test_no_penalty_by_default(backends):
+    env = registry.make(SPEC, backend="standin_chain")
+    td = env.reset()
+    nxt, _ = step(env, td, "no block here")
+    assert nxt["retry"].item() is True and nxt["reward"].item() == 0.0
+    env.close()
+
+
+@pytest.mark.parametrize("name", ["chatml_format", "qwen", "llama", "falcon", "deepseek"])
+def test_incremental_prompt_equals_a_full_render(backends, name):
+    from mlgym_registry.transforms.rendering import ChatRenderer
+
+    env = make(backends, chat_template_name=name)
+    td = env.reset()
+    for response in [fenced("ls"), "oops", fenced("validate"), fenced("open strategy.py")]:
+        nxt, td = step(env, td, response)
+        history = nxt["history", "prompt"]
+        messages = [{"role": r, "content": c} for r, c in zip(history.role, history.content, strict=True)]
+        assert nxt["text", "prompt"] == ChatRenderer(chat_template_name=name).render(messages, True)
+    env.close()
+
+
+def test_unknown_chat_template_name_is_a_clear_error(backends):
+    with pytest.raises(ValueError, match="unknown chat_template_name 'nope'.*chatml_format"):
+        make(backends, chat_template_name="nope")
+
+
+def test_unknown_layout_is_a_clear_error(backends):
+    with pytest.raises(ValueError, match="unknown layout 'flat'"):
+        make(backends, layout="flat")
+
+
+def test_tokenizer_path_that_does_not_exist(backends, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
+        make(backends, tokenizer=str(tmp_path / "missing"))
