@@ -1,0 +1,227 @@
+"""The local backend under faults: hangs, dying shells, floods of output, tampering, fork bombs, leaks."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from test_local_backend import tiny_spec
+
+from mlgym_registry.backends.local import LocalBackend
+from mlgym_registry.backends.local.limits import network_isolation_prefix
+from mlgym_registry.observation_kinds import observation_kind
+
+
+def session_tree(env: LocalBackend) -> list[psutil.Process]:
+    """The backend's shell and everything below it."""
+    shell = psutil.Process(env._res.session.pid)
+    return [shell, *shell.children(recursive=True)]
+
+
+def make(tmp_path, **options) -> LocalBackend:
+    env = LocalBackend(tiny_spec(tmp_path), **options)
+    env.reset()
+    env.install_tools()
+    return env
+
+
+def assert_usable(env: LocalBackend) -> None:
+    assert env.step("echo ok")[0] == "ok"
+    assert env.step('open "strategy.py"')[0].startswith(f"[File: {env.task_workspace}/strategy.py")
+    assert json.loads(env.communicate("state"))["working_dir"] == str(env.task_workspace)
+
+
+def test_hanging_command_is_killed_with_its_children(tmp_path):
+    with make(tmp_path, command_timeout=1) as env:
+        start = time.monotonic()
+        obs, _, done, _ = env.step("sleep 1000 | cat & sleep 1000")
+        assert time.monotonic() - start < 4
+        assert obs.endswith("\nEXECUTION TIMED OUT BECAUSE THE COMMAND WAS RUNNING FOR MORE THAN 1 SECONDS.")
+        assert observation_kind(obs) == "timeout" and not done
+        assert [p.name() for p in session_tree(env)] == ["bash"]
+        assert_usable(env)
+
+
+def test_busy_shell_builtin_loop_restarts_the_session(tmp_path):
+    with make(tmp_path, command_timeout=1) as env:
+        env.communicate("cd data")
+        obs, _, done, _ = env.step("while true; do :; done")
+        assert "EXECUTION TIMED OUT BECAUSE THE COMMAND WAS RUNNING FOR MORE THAN 1 SECONDS." in obs
+        assert "a new shell was started" in obs and not done
+        assert_usable(env)
+
+
+def test_no_output_timeout(tmp_path):
+    with make(tmp_path) as env:
+        with pytest.raises(TimeoutError) as caught:
+            env.communicate("echo started; sleep 30", timeout_duration=20, no_output_timeout_duration=1)
+        assert caught.value.kind == "no_output" and caught.value.partial.startswith("started")
+        assert env.communicate("echo after") == "after"
+
+
+@pytest.mark.parametrize("killer", ["kill -9 $$", "exit 3", "exec true"])
+def test_command_that_kills_the_shell(tmp_path, killer):
+    with make(tmp_path) as env:
+        old_pid = env._res.session.pid
+        obs, _, done, _ = env.step(f"echo before; {killer}")
+        assert obs.startswith("before\nNOTE: the shell session exited")
+        assert observation_kind(obs) == "session_restart" and not done
+        assert env._res.session.pid != old_pid and not psutil.pid_exists(old_pid)
+        assert_usable(env)
+
+
+def test_huge_output_is_capped(tmp_path):
+    with make(tmp_path, max_output_chars=10_000) as env:
+        start = time.monotonic()
+        obs, *_ = env.step("seq 1 3000000")
+        assert time.monotonic() - start < 20
+        assert len(obs) < 10_300
+        assert obs.startswith("1\n2\n3\n") and obs.endswith("2999999\n3000000")
+        assert "of output omitted" in obs
+        assert_usable(env)
+
+
+def test_binary_output_is_decoded(tmp_path):
+    with make(tmp_path) as env:
+        obs, *_ = env.step("head -c 20000 /dev/urandom; printf '\\x00\\xff\\xfe end'")
+        assert isinstance(obs, str) and obs.endswith("\\xff\\xfe end")
+        assert_usable(env)
+
+
+def test_tampering_with_evaluator_and_protected_file_does_not_count(tmp_path):
+    with make(tmp_path) as env:
+        ws = env.task_workspace
+        assert oct((ws / "evaluate.py").stat().st_mode & 0o777) == "0o555"
+        assert oct((ws / "target.py").stat().st_mode & 0o777) == "0o444"
+        # as root the writes succeed; the evaluation must still use the pristine files
+        env.step("chmod u+w evaluate.py target.py")
+        env.step("""echo 'print("{\\"Score\\": 100.0}")' > evaluate.py""")
+        env.step("printf 'def target_column_strategy(history):\\n    return 1\\n' > target.py")
+        env.step("mkdir -p __pycache__ && echo junk > __pycache__/target.cpython-311.pyc")
+        obs, _, _, info = env.step("validate")
+        assert info["score"] == [{"Score": 3.0}], obs
+        # the agent's own strategy still counts
+        env.step("printf 'def row_strategy(history):\\n    return 1\\n' > strategy.py")
+        _, _, _, info = env.step("validate")
+        assert info["score"][-1] == {"Score": 5.0}
+        assert "100.0" in env.communicate("cat evaluate.py")  # the agent sees its change; it just does not count
+        for copy in env._pristine.values():
+            assert ws not in copy.parents
+
+
+def test_evaluator_traceback_shows_workspace_paths(tmp_path):
+    with make(tmp_path) as env:
+        env.step("printf 'def row_strategy(history):\\n    return 7\\n' > strategy.py")
+        obs, *_ = env.step("validate")
+        assert obs.startswith("Failed to decode metrics from evaluation script. Output:\n---\nTraceback")
+        assert f'File "{env.task_workspace}/evaluate.py"' in obs
+        assert "scratch" not in obs
+
+
+def test_fork_bomb_is_limited(tmp_path):
+    with make(tmp_path, max_processes=64, command_timeout=5) as env:
+        if env._res.cgroup is None and os.geteuid() == 0:
+            pytest.skip("no pids cgroup available and RLIMIT_NPROC does not bind root")
+        start = time.monotonic()
+        obs, _, done, _ = env.step(":(){ :|:& };:")
+        env.step("sleep 1")
+        assert not done and time.monotonic() - start < 30
+        peak = max(len(session_tree(env)) for _ in range(5))
+        assert peak <= 64
+        deadline = time.monotonic() + 20
+        while len(session_tree(env)) > 1 and time.monotonic() < deadline:
+            env.step("true")
+        assert len(session_tree(env)) == 1
+        assert_usable(env)
+
+
+def test_memory_and_cpu_limits(tmp_path):
+    with make(tmp_path, memory_limit_mb=400, cpu_seconds=2, command_timeout=20, long_timeout=20) as env:
+        obs, *_ = env.step("python -c 'x = bytearray(2_000_000_000)'")
+        assert "MemoryError" in obs
+        start = time.monotonic()
+        obs, *_ = env.step("python -c 'while True: pass'; echo status $?")
+        assert time.monotonic() - start < 10
+        assert obs.split("\n")[-1] in ("status 152", "status 137")  # SIGXCPU (or SIGKILL at the hard limit)
+        assert_usable(env)
+
+
+def test_network_is_blocked_or_noted(tmp_path):
+    with make(tmp_path) as env:
+        if network_isolation_prefix() is None:
+            assert any("network" in note for note in env.notes)
+            return
+        ours = env.communicate("readlink /proc/$$/ns/net")
+        assert ours != os.readlink("/proc/self/ns/net")
+        obs = env.communicate(
+            "python -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), timeout=3)'"
+        )
+        assert "Network is unreachable" in obs or "OSError" in obs
+    with LocalBackend(tiny_spec(tmp_path / "open"), network=True) as env:
+        env.reset()
+        assert env.communicate("readlink /proc/$$/ns/net") == os.readlink("/proc/self/ns/net")
+
+
+def _leftovers(pids, root) -> list:
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    return alive + ([str(root)] if root.exists() else [])
+
+
+def _start_stragglers(env: LocalBackend) -> list[int]:
+    env.communicate("sleep 1000 >/dev/null 2>&1 &")
+    env.communicate("setsid sleep 1001 >/dev/null 2>&1 &")  # leaves the shell's session
+    time.sleep(0.2)
+    pids = [p.pid for p in session_tree(env)]
+    cgroup = env._res.cgroup
+    return pids + (sorted(cgroup.members()) if cgroup else [])
+
+
+def test_close_leaves_nothing_and_is_idempotent(tmp_path):
+    env = make(tmp_path)
+    root, pids = env._res.root, _start_stragglers(env)
+    assert len(pids) >= 3
+    env.close()
+    env.close()
+    assert _leftovers(pids, root) == []
+
+
+def test_garbage_collection_leaves_nothing(tmp_path):
+    env = make(tmp_path)
+    root, pids = env._res.root, _start_stragglers(env)
+    del env
+    gc.collect()
+    assert _leftovers(pids, root) == []
+
+
+@pytest.mark.parametrize("ending", ["pass", "raise KeyboardInterrupt"])
+def test_interpreter_exit_leaves_nothing(tmp_path, ending):
+    src = tmp_path / "src"
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+        from test_local_backend import tiny_spec
+        from pathlib import Path
+        from mlgym_registry.backends.local import LocalBackend
+        env = LocalBackend(tiny_spec(Path({str(src)!r})))
+        env.reset()
+        env.communicate("sleep 1000 >/dev/null 2>&1 &")
+        print(json.dumps({{"root": str(env._res.root), "shell": env._res.session.pid,
+                          "sleep": int(env.communicate("echo $!"))}}), flush=True)
+        {ending}
+        """
+    )
+    src.mkdir()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    facts = json.loads(done.stdout.splitlines()[0])
+    time.sleep(0.2)
+    from pathlib import Path
+
+    assert _leftovers([facts["shell"], facts["sleep"]], Path(facts["root"])) == []
