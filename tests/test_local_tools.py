@@ -1,4 +1,4 @@
-"""The local backend's tool commands: MLGym's window format and arithmetic, edit/insert with lint and rollback, search."""
+"""The local backend's tool commands: MLGym's window format and arithmetic, edit/insert with lint rollback, search."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def test_open_a_long_file_and_move_around(tools):
     obs = tools.communicate('open "long.txt"')
     assert obs.split("\n") == [f"[File: {path} (2000 lines total)]", *window_lines(1, 1000), "(1000 more lines below)"]
     obs = tools.communicate("goto 1500")
-    assert obs.split("\n") == [f"[File: {path} (2000 lines total)]", "(1000 more lines above)", *window_lines(1001, 2000)]
+    header = f"[File: {path} (2000 lines total)]"
+    assert obs.split("\n") == [header, "(1000 more lines above)", *window_lines(1001, 2000)]
     obs = tools.communicate("scroll_up")
     assert obs.split("\n")[:3] == [f"[File: {path} (2000 lines total)]", "(2 more lines above)", "3:line 3"]
     assert obs.split("\n")[-2:] == ["1002:line 1002", "(998 more lines below)"]
@@ -142,7 +143,8 @@ def test_observation_kinds_of_the_env_messages():
     assert observation_kind("Exited (submit)") == "submitted"
     assert observation_kind("Exited (max_steps)") == "exit"
     assert observation_kind("/bin/bash: line 5: syntax error near unexpected token `('") == "syntax_error"
-    assert observation_kind("\nEXECUTION TIMED OUT BECAUSE THE COMMAND WAS RUNNING FOR MORE THAN 25 SECONDS.") == "timeout"
+    timed_out = "\nEXECUTION TIMED OUT BECAUSE THE COMMAND WAS RUNNING FOR MORE THAN 25 SECONDS."
+    assert observation_kind(timed_out) == "timeout"
     assert observation_kind("Malformed edit command. Please ensure ...") == "malformed_edit"
     assert observation_kind("Failed to decode metrics from evaluation script. Output:\n---\nx\n---") == "validate_error"
     assert observation_kind("total 12\n-rw-r--r-- 1 a b 1 x") == "plain"
