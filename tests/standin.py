@@ -153,3 +153,248 @@ class StandinBackend:
         info["submission"] = self.submission
         info["exit_status"] = "submitted" if action == "submit" else f"autosubmission ({action})"
         return f"Exited ({action})", 0.0, True, info
+
+
+# -- a stand-in MLGym checkout ------------------------------------------------------------------------------------
+# The real MLGym needs containers; this package has MLGym's module layout and the names the mlgym backend uses
+# (register_task, EnvironmentArguments, MLGymEnv, AgentConfig.load_yaml, tools_handler), and records every call.
+
+STANDIN_COMMAND_DOCS = "open <path> [<line_number>]:\n  opens the file at the given path (stand-in MLGym docs)"
+
+_STANDIN_MLGYM_FILES = {
+    "mlgym/__init__.py": '''
+from pathlib import Path
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+assert CONFIG_DIR.is_dir()
+''',
+    "mlgym/environment/__init__.py": "",
+    "mlgym/agent/__init__.py": "",
+    "mlgym/environment/env.py": '''
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import SimpleNamespace
+
+import gymnasium as gym
+import yaml
+
+from mlgym import CONFIG_DIR
+
+INSTANCES = []
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    id: str
+    name: str = ""
+    description: str = ""
+    training_timeout: int = 1800
+    baseline_scores: list = field(default_factory=list)
+    starter_code: list = field(default_factory=list)
+
+    @classmethod
+    def load_yaml(cls, path):
+        data = yaml.safe_load(Path(path).read_text())
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class EnvironmentArguments:
+    image_name: str = "aigym/mlgym-agent:latest"
+    max_steps: int = 100
+    seed: int = 42
+    task_config_path: str = None
+    task: TaskConfig = None
+    container_type: str = "docker"
+    container_name: str = None
+    verbose: bool = False
+    cache_baseline_scores: bool = True
+    aliases_file: str = None
+
+    def __post_init__(self):
+        self.task = TaskConfig.load_yaml(CONFIG_DIR / self.task_config_path)
+
+
+class AgentInfo(defaultdict):
+    def __init__(self):
+        super().__init__(lambda: None)
+        self.update(model_stats={}, exit_status="", submission=None, score=[], summarizer={})
+
+
+class MLGymEnv(gym.Env):
+    metadata = {"render_modes": ["human"]}
+
+    def __init__(self, args, devices, render_mode=None):
+        self.args = args
+        self.devices = devices
+        self.cwd_at_init = os.getcwd()
+        self.action_space = gym.spaces.Text(max_length=1000)
+        self.observation_space = gym.spaces.Text(max_length=10000)
+        self.task_workspace = Path("/home/agent/workspace")
+        self.max_steps = args.max_steps
+        self.current_step = 0
+        self.returncode = None
+        self.task = None
+        self.calls = []
+        self.commands = []
+        self.closed = False
+        INSTANCES.append(self)
+
+    def reset_container(self):
+        self.calls.append(("reset_container",))
+
+    def reset(self, *, seed=None, options=None):
+        self.calls.append(("reset", os.getcwd()))
+        self.current_step = 0
+        self.info = AgentInfo()
+        self.task = SimpleNamespace(args=self.args.task)
+        return {"observation": None}, {}
+
+    def step(self, action):
+        self.calls.append(("step", action))
+        self.current_step += 1
+        if action.strip() == "validate":
+            metrics = {"Score": 3.0}
+            self.info["score"].append(metrics)
+            base = self.args.task.baseline_scores[0]
+            return (f"Your code produced a valid submission artefact at /home/agent/workspace/target.py.\\n"
+                    f"Baseline Score: {base}\\nEvaluation Score: {metrics}"), 0, False, self.info
+        if action.strip() == "submit":
+            self.info["score"].append({"Score": 3.5})
+            self.info["exit_status"] = "submitted"
+            return "Exited (submit)", 0, True, self.info
+        return f"ran: {action}", 0, False, self.info
+
+    def communicate(self, input, timeout_duration=25, no_output_timeout_duration=None):
+        self.calls.append(("communicate", input))
+        self.returncode = 0
+        if input == "state":
+            return json.dumps({"open_file": "n/a", "working_dir": "/home/agent/workspace"})
+        return ""
+
+    def add_commands(self, commands):
+        self.commands.extend(commands)
+
+    def close(self):
+        self.closed = True
+''',
+    "mlgym/environment/registration.py": '''
+import gymnasium as gym
+
+from mlgym.environment.env import MLGymEnv
+
+
+def register_task(env_config, *args, nondeterministic=True, **kwargs):
+    gym.register(
+        id=f"mlgym/{env_config.task.id}",
+        entry_point=lambda *env_args, **env_kwargs: MLGymEnv(env_config, *env_args, **env_kwargs),
+        nondeterministic=nondeterministic,
+    )
+''',
+    "mlgym/agent/base.py": '''
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from mlgym import REPO_ROOT
+
+COMMAND_DOCS = __COMMAND_DOCS__
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    code: str
+
+
+@dataclass(frozen=True)
+class ToolsConfig:
+    command_files: list = field(default_factory=list)
+    env_variables: dict = field(default_factory=dict)
+    state_command: Command = Command("state", "state() { echo '{}'; }")
+
+
+class ToolHandler:
+    def __init__(self, config):
+        self.config = config
+        self.command_docs = COMMAND_DOCS
+        self.env_variables = config.env_variables
+
+    @property
+    def state_command(self):
+        return self.config.state_command
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    system_template: str
+    task_template: str
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+
+    def __post_init__(self):
+        object.__setattr__(self, "tools_handler", ToolHandler(self.tools))
+
+    @classmethod
+    def load_yaml(cls, path):
+        data = yaml.safe_load(Path(path).read_text())
+        tools = data.get("tools", {})
+        files = [str(REPO_ROOT / f) for f in tools.get("command_files", [])]
+        state = Command(**tools["state_command"]) if "state_command" in tools else Command("state", "state() { :; }")
+        config = ToolsConfig(files, dict(tools.get("env_variables", {})), state)
+        return cls(data["system_template"], data["task_template"], config)
+'''.replace("__COMMAND_DOCS__", repr(STANDIN_COMMAND_DOCS)),
+    "configs/agents/default.yaml": '''
+system_template: "stand-in system {command_docs}"
+task_template: "stand-in task {description}"
+tools:
+  env_variables:
+    WINDOW: 100
+    OVERLAP: 2
+  state_command:
+    name: state
+    code: "state() { echo state; }"
+  command_files:
+    - tools/defaults.sh
+    - tools/submit
+    - tools/_split_string
+''',
+    "configs/tasks/checkoutTask.yaml": '''
+id: checkoutTask
+name: A task from the checkout
+description: Do the checkout task.
+baseline_scores:
+  - Score: 1.0
+''',
+    "tools/defaults.sh": "open() {\n  echo opened \"$1\"\n}\n",
+    "tools/submit": "#!/bin/bash\necho '<<SUBMISSION||target.py||SUBMISSION>>'\n",
+    "tools/_split_string": "print('utility')\n",
+}
+
+
+def write_standin_mlgym(root: Path) -> Path:
+    """Write a stand-in MLGym checkout under ``root`` and return it (put it on ``sys.path`` to "install" it)."""
+    import textwrap
+
+    root = Path(root)
+    for relative, text in _STANDIN_MLGYM_FILES.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return root
+
+
+def write_container_engine(bin_dir: Path, name: str, *, answers: bool = True) -> Path:
+    """A fake ``docker``/``podman`` executable whose ``info`` succeeds (``answers``) or fails like a dead daemon."""
+    bin_dir = Path(bin_dir)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    path = bin_dir / name
+    body = "exit 0" if answers else "echo 'Cannot connect to the container daemon' >&2\nexit 125"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path

@@ -41,8 +41,8 @@ def mlgym_checkout() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise BackendUnavailable(
             "The mlgym backend needs MLGym (facebookresearch/MLGym), which is not installed. Clone it and install "
-            f"the checkout: `git clone {CHECKOUT_URL}` then `pip install -e <MLGym checkout>`. Do not "
-            "`pip install mlgym`: that PyPI name belongs to an unrelated project."
+            f"the checkout: `git clone {CHECKOUT_URL}` then `pip install -e <MLGym checkout>`. The package named "
+            "mlgym on PyPI is an unrelated project: do not install MLGym from PyPI."
         )
     package = Path(next(iter(spec.submodule_search_locations))).resolve()
     root = package.parent

@@ -109,7 +109,12 @@ class BackendEnv(EnvBase):
     def backend(self) -> Backend:
         """The current backend (made on first use)."""
         if not self._backend_holder:
-            self._backend_holder.append(self.task.make_backend())
+            try:
+                backend = self.task.make_backend()
+            except AttributeError as exc:
+                # inside a property, an AttributeError would surface as "BackendEnv has no attribute 'backend'"
+                raise RuntimeError(f"making the {self.task.spec.backend!r} backend failed: {exc!r}") from exc
+            self._backend_holder.append(backend)
         return self._backend_holder[0]
 
     @property
