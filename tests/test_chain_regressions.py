@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 from standin import StandinBackend
@@ -59,6 +60,8 @@ def step(env, td, response):
 @pytest.mark.parametrize("layout", ["default", "seed"])
 def test_01_reset_writes_every_declared_observation(made, layout):
     """#1: ``MessageToHistory`` declared an out key ``chat`` it never wrote: ``reset()`` raised KeyError."""
+    reference = pytest.importorskip("torchrl.envs.llm.libs.mlgym")
+    assert "chat" in reference.MessageToHistory().out_keys  # the reference's defect, as TorchRL still ships it
     env = make(layout)
     td = env.reset()
     declared = set(env.full_observation_spec.keys(True, True, is_leaf=lambda s: not hasattr(s, "keys")))
@@ -139,6 +142,12 @@ def test_06_task_sampler_writes_task_at_reset(made):
 def test_07_mlgym_step_is_never_wrapped_twice(mlgym_checkout):  # noqa: F811
     """#7: ``MLGymWrapper._patch_step`` tested ``.reset`` instead of ``.step``, so a second ``set_env()`` (a task
     swap) wrapped ``step`` twice. The adapter calls MLGym's ``step`` as it is, across resets and task swaps."""
+    reference = pytest.importorskip("torchrl.envs.llm.libs.mlgym")
+    holder = SimpleNamespace(_env=SimpleNamespace(reset=lambda: None, step=lambda action: (action, 0, False, {})))
+    reference.MLGymWrapper._patch_step(holder)
+    reference.MLGymWrapper._patch_step(holder)
+    assert isinstance(holder._env.step.func, reference._add_truncated_to_step)  # the reference wraps twice
+
     env_module = importlib.import_module("mlgym.environment.env")
     env = registry.make(tasks=[SPEC, SPEC.replace(id="regTask2")], backend="mlgym")
     env.set_seed(0)
