@@ -138,6 +138,21 @@ def test_episode_validate_submit_and_retry(backends):
     assert backend.closed
 
 
+def test_running_out_of_steps_is_a_truncation(backends):
+    backends.options = {"scores": [{"Score": 2.5}], "max_steps": 2}
+    env = make(backends)
+    td = env.reset()
+    for _ in range(2):
+        nxt, td = step(env, td, fenced("ls"))
+        assert not nxt["done"].item()
+    nxt, td = step(env, td, fenced("ls"))
+    assert nxt["done"].item() and nxt["truncated"].item() and not nxt["terminated"].item()
+    assert nxt["message"].startswith("Exited (max_steps)")
+    assert nxt["reward"].item() == pytest.approx(2.5 - BASELINE)
+    assert backends.last.actions == ["ls"] * 3
+    env.close()
+
+
 def test_next_response_after_reset_starts_a_new_conversation(backends):
     env = make(backends)
     td = env.reset()

@@ -17,6 +17,9 @@ from ..backends.protocol import Backend, ToolSet, new_info
 from ..specs import ResolvedTask
 from .layout import Layout
 
+MAX_STEPS_EXIT = "autosubmission (max_steps)"
+"""MLGym's ``exit_status`` when the episode ran out of steps."""
+
 
 def nested_spec(key: Any, leaf: Any, device: torch.device | None) -> Composite:
     """A ``Composite`` holding ``leaf`` at the (possibly nested) ``key``."""
@@ -157,10 +160,11 @@ class BackendEnv(EnvBase):
             observation = "" if observation is None else str(observation)
         out.set(self.layout.observation, observation)
         out.set(self.layout.reward, torch.tensor([float(reward or 0.0)], dtype=torch.float32, device=self.device))
-        done_t = torch.tensor([bool(done)], device=self.device)
-        out.set("done", done_t)
-        out.set("terminated", done_t.clone())
-        out.set("truncated", torch.zeros_like(done_t))
+        # running out of steps (MLGym autosubmits) is a truncation; any other end (submit, exit_*) terminates
+        truncated = bool(done) and (self.last_info or {}).get("exit_status") == MAX_STEPS_EXIT
+        out.set("done", torch.tensor([bool(done)], device=self.device))
+        out.set("terminated", torch.tensor([bool(done) and not truncated], device=self.device))
+        out.set("truncated", torch.tensor([truncated], device=self.device))
         return out
 
     def _set_seed(self, seed: int | None) -> None:
