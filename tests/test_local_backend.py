@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
+import statistics
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.protocol import INFO_KEYS, Backend
+from mlgym_registry.observation_kinds import KINDS, observation_kind
 from mlgym_registry.specs import TaskSpec
 
 STRATEGY = textwrap.dedent(
@@ -383,3 +388,153 @@ def test_make_override_signature_has_no_kwargs():
     assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in params.values())
     assert {"command_timeout", "long_timeout", "max_output_chars", "memory_limit_mb", "cpu_seconds", "max_processes",
             "network", "seed", "workspace_dir"} <= set(params)
+
+
+# -- fidelity against MLGym's recorded runs ---------------------------------------------------------------------------
+
+TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajectories"
+_MULTILINE = {"edit": "end_of_edit", "insert": "end_of_insert"}
+_COMMAND_PATTERNS = [
+    *(re.compile(rf"^\s*({name})\s*(.*?)^({end})\s*$", re.DOTALL | re.MULTILINE) for name, end in _MULTILINE.items()),
+    re.compile(r"^\s*(submit)(\s*)$", re.MULTILINE),
+]
+_WINDOW_HEAD = re.compile(r"^\[File: /home/agent/workspace/(\S+) \((\d+) lines total\)\]$")
+
+
+def mlgym_guard(action: str) -> str:
+    """What MLGym's agent does to an action before ``env.step``: a heredoc on the first line of edit/insert blocks.
+
+    Reproduced as MLGym behaves, including its slip that drops text before an edit in the same action.
+    """
+    parts, rest = [], action
+    while rest.strip():
+        matches = [m for m in (p.search(rest) for p in _COMMAND_PATTERNS) if m]
+        if not matches:
+            parts.append(rest)
+            break
+        match = min(matches, key=lambda m: m.start())
+        before, hit, rest = rest[: match.start()], rest[match.start() : match.end()], rest[match.end() :]
+        if before.strip():
+            parts.append(before)
+        if hit.strip() and match.re.groups >= 3 and not hit.split("\n")[0].strip().endswith(f"<< '{match[3]}'"):
+            guarded = hit[match.start() :]
+            first = guarded.split("\n")[0]
+            parts.append(guarded.replace(first, f"{first} << '{match[3].strip()}'", 1))
+        elif hit.strip():
+            parts.append(hit)
+    return "\n".join(parts)
+
+
+def recorded_kind(step: dict) -> str:
+    """The kind of a recorded observation; older MLGym recorded an empty observation for a successful submit."""
+    if not step["observation"] and step["action"].strip() == "submit":
+        return "submitted"
+    return observation_kind(step["observation"])
+
+
+def recorded_starters(task_dir: Path) -> dict[str, str]:
+    """Starter files as the recorded runs saw them: each file's window at its first ``open``, by majority vote.
+
+    The runs predate the files in MLGym's repository (which later gained licence headers), so line numbers in the
+    recorded edits only fit the recorded versions.
+    """
+    votes: dict[str, Counter] = {}
+    for path in sorted(task_dir.glob("*.traj")):
+        mentioned: set[str] = set()
+        for step in json.loads(path.read_text())["trajectory"]:
+            action, lines = step["action"].strip(), (step["observation"] or "").split("\n")
+            opened = re.match(r'^open\s+"?([\w./]+?)"?\s*$', action)
+            head = _WINDOW_HEAD.match(lines[0])
+            if opened and head and head[1] == opened[1].lstrip("./") and head[1] not in mentioned:
+                body = lines[1:]
+                if len(body) == int(head[2]) and all(re.match(r"^\d+:", line) for line in body):
+                    text = "".join(line.split(":", 1)[1] + "\n" for line in body)
+                    votes.setdefault(head[1], Counter())[text] += 1
+            mentioned.update(re.findall(r"\w+\.py", action))
+    return {name: counter.most_common(1)[0][0] for name, counter in votes.items()}
+
+
+def replay_task(task_dir: Path, checkout: Path, scratch: Path, training_timeout: int = 90) -> dict:
+    """Every recorded action of one task's runs through a LocalBackend; observation kinds and score gaps."""
+    from mlgym_registry.specs import load_task_yaml
+
+    spec = load_task_yaml(checkout / "configs" / "tasks" / f"{task_dir.name}.yaml", root=checkout)
+    starters = recorded_starters(task_dir)
+    files = []
+    for item in spec.starter_code:
+        name = Path(item).name
+        if name in starters:
+            (scratch / name).write_text(starters[name])
+            files.append(str(scratch / name))
+        else:
+            files.append(str(spec.resolve_path(item)))
+    aliases = checkout / "dockerfiles" / "aliases.sh"
+    spec = spec.replace(
+        starter_code=files, max_steps=50, training_timeout=training_timeout,
+        aliases_file=str(aliases) if aliases.exists() else None,
+    )
+    steps = same = 0
+    gaps: list[float] = []
+    mismatches = []
+    for path in sorted(task_dir.glob("*.traj")):
+        with LocalBackend(spec) as env:
+            env.reset()
+            env.install_tools()
+            for index, step in enumerate(json.loads(path.read_text())["trajectory"]):
+                observation, _, done, _ = env.step(mlgym_guard(step["action"]).strip())
+                want, got = recorded_kind(step), observation_kind(observation)
+                steps += 1
+                same += want == got
+                if want != got:
+                    mismatches.append((path.name, index, want, got))
+                elif want == "validate_score":
+                    old = ast.literal_eval(step["observation"].rsplit("Evaluation Score: ", 1)[1])
+                    new = ast.literal_eval(observation.rsplit("Evaluation Score: ", 1)[1])
+                    gaps += [abs(old[key] - new[key]) for key in old if key in new]
+                if done:
+                    break
+    return {"steps": steps, "same": same, "gaps": gaps, "mismatches": mismatches}
+
+
+@pytest.mark.trajectories
+def test_recorded_observations_all_have_a_kind():
+    if not TRAJECTORIES.is_dir():
+        pytest.skip("recorded MLGym trajectories are not available")
+    kinds = Counter()
+    for path in sorted(TRAJECTORIES.glob("*/*.traj")):
+        for step in json.loads(path.read_text())["trajectory"]:
+            kind = recorded_kind(step)
+            kinds[kind] += 1
+            if step["action"].strip() == "validate":
+                assert kind in ("validate_score", "validate_error"), step["observation"][:200]
+            if re.match(r"^open\s+\"?[\w./]+\"?\s*$", step["action"].strip()):
+                assert kind in ("file_window", "plain"), step["observation"][:200]
+    for kind in ("validate_score", "validate_error", "lint_rejection", "file_window", "submitted", "syntax_error"):
+        assert kinds[kind] > 0, kinds
+    assert set(kinds) <= set(KINDS)
+
+
+@pytest.mark.slow
+@pytest.mark.trajectories
+def test_replay_recorded_trajectories(tmp_path, capsys):
+    checkout = Path(os.environ.get("MLGYM_ROOT", ""))
+    if not os.environ.get("MLGYM_ROOT") or not (checkout / "configs" / "tasks").is_dir():
+        pytest.skip("set MLGYM_ROOT to a checkout of facebookresearch/MLGym to replay its recorded runs")
+    if not TRAJECTORIES.is_dir():
+        pytest.skip("recorded MLGym trajectories are not available")
+    report = {}
+    for task_dir in sorted(p for p in TRAJECTORIES.iterdir() if p.is_dir()):
+        scratch = tmp_path / task_dir.name
+        scratch.mkdir()
+        report[task_dir.name] = replay_task(task_dir, checkout, scratch)
+    with capsys.disabled():
+        for task, r in report.items():
+            gaps = r["gaps"] or [0.0]
+            print(
+                f"\n{task}: same kind {r['same']}/{r['steps']} = {r['same'] / r['steps']:.3f}; "
+                f"validate score gap mean {statistics.mean(gaps):.4f} median {statistics.median(gaps):.4f} "
+                f"max {max(gaps):.4f} over {len(r['gaps'])} scores; mismatches {r['mismatches']}"
+            )
+    for task, r in report.items():
+        assert r["same"] / r["steps"] >= 0.95, (task, r["mismatches"])
+        assert statistics.median(r["gaps"] or [0.0]) <= 0.02, (task, sorted(r["gaps"])[-5:])
