@@ -15,7 +15,7 @@ from torchrl.envs import EnvBase
 
 from ..backends.protocol import Backend, ToolSet, new_info
 from ..specs import ResolvedTask
-from .layout import Layout
+from .layout import Layout, set_spec
 
 MAX_STEPS_EXIT = "autosubmission (max_steps)"
 """MLGym's ``exit_status`` when the episode ran out of steps."""
@@ -92,7 +92,9 @@ class BackendEnv(EnvBase):
     def _make_specs(self) -> None:
         device = self.device
         text = NonTensor(example_data="a string", shape=(), device=device)
-        self.full_action_spec = nested_spec(self.layout.response, text.clone(), device)
+        action_spec = Composite(shape=(), device=device)
+        set_spec(action_spec, self.layout.response, text.clone())
+        self.full_action_spec = action_spec
         self.full_observation_spec = nested_spec(self.layout.observation, text.clone(), device)
         self.full_reward_spec = Composite(
             {self.layout.reward: Unbounded(shape=(1,), dtype=torch.float32, device=device)}, shape=(), device=device

@@ -15,7 +15,7 @@ from torchrl.data import Composite, NonTensor
 
 from .base import ASSISTANT_KEY, ChainTransform
 from .history import as_dicts
-from .layout import Layout
+from .layout import Layout, set_entry, set_spec
 from .rendering import ChatRenderer, IncrementalPrompt
 
 
@@ -41,7 +41,7 @@ class ChatTemplate(ChainTransform):
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         history = tensordict_reset.get(self.layout.history)
-        tensordict_reset.set(self.layout.prompt, self.prompt.start(as_dicts(history)))
+        set_entry(tensordict_reset, self.layout.prompt, self.prompt.start(as_dicts(history)))
         return tensordict_reset
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
@@ -53,7 +53,7 @@ class ChatTemplate(ChainTransform):
             text = self.prompt.extend(_tail(history, added))
         else:  # not the conversation we rendered last (e.g. a step from an older tensordict): render it all
             text = self.prompt.start(as_dicts(history))
-        next_tensordict.set(self.layout.prompt, text)
+        set_entry(next_tensordict, self.layout.prompt, text)
         return next_tensordict
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -65,7 +65,6 @@ class ChatTemplate(ChainTransform):
         return tensordict
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
-        observation_spec[self.layout.prompt] = NonTensor(
-            example_data="<a prompt>", shape=(), device=observation_spec.device
-        )
+        set_spec(observation_spec, self.layout.prompt, NonTensor(example_data="<a prompt>", shape=(),
+                                                                 device=observation_spec.device))
         return observation_spec

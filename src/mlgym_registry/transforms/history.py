@@ -19,7 +19,7 @@ def history_spec(device: torch.device | None = None) -> Composite:
     examples = {"role": "user", "content": "a message", "is_complete": True}
     return Composite(
         {key: NonTensor(example_data=examples[key], shape=(-1,), device=device) for key in HISTORY_FIELDS},
-        shape=(),
+        shape=(-1,),
         data_cls=History,
         device=device,
         # step_mdp moves the History as one object instead of field by field (which would cost a pass per message)

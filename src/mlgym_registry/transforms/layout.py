@@ -8,8 +8,9 @@ reference MLGym chain (``history``, ``text``, ``text_response``, ...).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from tensordict import NestedKey
+from tensordict import NestedKey, TensorDict
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,33 @@ def get_layout(layout: str | Layout) -> Layout:
         return LAYOUTS[layout]
     except KeyError:
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(sorted(LAYOUTS))}") from None
+
+
+def _container_class(name: str) -> type | None:
+    """TorchRL's container class for a top-level LLM key (``history`` -> ``ChatHistory``, ``text`` -> ``Text``)."""
+    from torchrl.modules.llm.policies.common import ChatHistory, Text
+
+    return {"history": ChatHistory, "text": Text}.get(name)
+
+
+def set_entry(tensordict: Any, key: NestedKey, value: Any) -> None:
+    """``tensordict.set(key, value)``; a missing ``("history", ...)``/``("text", ...)`` container is made as TorchRL's
+    ``ChatHistory``/``Text``, as its LLM envs and policy wrappers make them."""
+    if isinstance(key, tuple) and len(key) == 2 and key[0] not in tensordict.keys():
+        cls = _container_class(key[0])
+        if cls is not None:
+            container = cls._from_tensordict(TensorDict(batch_size=tensordict.batch_size, device=tensordict.device))
+            tensordict.set(key[0], container)
+    tensordict.set(key, value)
+
+
+def set_spec(spec: Any, key: NestedKey, leaf: Any) -> None:
+    """``spec[key] = leaf``; a missing ``history``/``text`` container is declared with TorchRL's class, static under
+    ``step_mdp`` (moved as a whole, as ``ChatEnv`` declares them)."""
+    from torchrl.data import Composite
+
+    if isinstance(key, tuple) and len(key) == 2 and key[0] not in spec.keys():
+        cls = _container_class(key[0])
+        if cls is not None:
+            spec[key[0]] = Composite(shape=spec.shape, device=spec.device, data_cls=cls, step_mdp_static=True)
+    spec[key] = leaf

@@ -10,6 +10,7 @@ from tensordict import TensorDictBase
 
 from .base import ASSISTANT_KEY, ChainTransform
 from .history import extend_history, message
+from .layout import set_entry
 
 
 class MessageToHistory(ChainTransform):
@@ -18,7 +19,7 @@ class MessageToHistory(ChainTransform):
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         history = tensordict_reset.get(self.layout.history)
         user = message("user", str(tensordict_reset[self.layout.message]), self.base.device)
-        tensordict_reset.set(self.layout.history, extend_history(history, [user]))
+        set_entry(tensordict_reset, self.layout.history, extend_history(history, [user]))
         return tensordict_reset
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
@@ -30,5 +31,5 @@ class MessageToHistory(ChainTransform):
         assistant = assistant if isinstance(assistant, str) else str(getattr(assistant, "data", assistant))
         user = str(next_tensordict[self.layout.message])
         new = [message("assistant", assistant, device), message("user", user, device)]
-        next_tensordict.set(self.layout.history, extend_history(history, new))
+        set_entry(next_tensordict, self.layout.history, extend_history(history, new))
         return next_tensordict

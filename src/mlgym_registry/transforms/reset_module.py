@@ -12,6 +12,7 @@ from torchrl.data import Composite
 
 from .base import ChainTransform, format_template
 from .history import history_from, history_spec, message
+from .layout import set_entry, set_spec
 
 
 class ResetModule(ChainTransform):
@@ -21,9 +22,9 @@ class ResetModule(ChainTransform):
         base = self.base
         base.tools = base.backend.install_tools()
         system = format_template(self.templates.system_template, self.template_fields(), what="system_template")
-        tensordict_reset.set(self.layout.history, history_from([message("system", system, base.device)]))
+        set_entry(tensordict_reset, self.layout.history, history_from([message("system", system, base.device)]))
         return tensordict_reset
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
-        observation_spec[self.layout.history] = history_spec(observation_spec.device)
+        set_spec(observation_spec, self.layout.history, history_spec(observation_spec.device))
         return observation_spec
