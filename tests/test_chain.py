@@ -195,11 +195,51 @@ def test_seed_layout_has_the_reference_flat_keys(backends):
 
 
 def test_default_layout_speaks_torchrl_llm_keys(backends):
+    from torchrl.modules.llm.policies import ChatHistory, Text
+
     env = make(backends)
     td = env.reset()
-    assert ("history", "prompt") in td.keys(True) and ("text", "prompt") in td.keys(True)
+    assert isinstance(td["history"], ChatHistory) and isinstance(td["text"], Text)
+    assert td["history"].prompt.role == ["system", "user"]
+    assert td["text"].prompt.endswith("<|im_start|>assistant\n")
     assert list(env.full_action_spec.keys(True, True)) == [("text", "response")]
     env.close()
+
+
+def test_stages_in_design_order(backends):
+    env = registry.make(tasks=[SPEC, SPEC.replace(id="second")], backend="standin_chain")
+    assert [type(t).__name__ for t in env.transform] == [
+        "RetrySkip", "ActionIsolator", "ResetModule", "TaskSampler", "ReadState", "StateToMessage",
+        "MessageToHistory", "ChatTemplate", "RewardAssigner",
+    ]
+    env.close()
+
+
+def test_prisoners_dilemma_on_the_local_backend():
+    """The real thing: our task, the default components and the local backend, from ``make`` to the final reward."""
+    from mlgym_registry import BackendUnavailable
+
+    try:
+        env = registry.make("prisonersDilemma", reward_wrong_format=PENALTY)
+        td = env.reset()
+    except BackendUnavailable as exc:
+        pytest.skip(f"local backend unavailable here: {exc}")
+    baseline = registry.spec("prisonersDilemma").baseline_scores[0]["Score"]
+    try:
+        nxt, td = step(env, td, fenced("ls"))
+        assert "strategy.py" in nxt["message"] and nxt["reward"].item() == 0.0
+        nxt, td = step(env, td, "no command")
+        assert nxt["retry"].item() and nxt["reward"].item() == PENALTY
+        nxt, td = step(env, td, fenced("validate"))
+        info = env.base_env.last_info
+        assert "Evaluation Score" in nxt["message"]
+        assert nxt["reward"].item() == pytest.approx(info["score"][-1]["Score"] - baseline, abs=1e-5)
+        nxt, td = step(env, td, fenced("submit"))
+        info = env.base_env.last_info
+        assert nxt["done"].item() and info["exit_status"] == "submitted"
+        assert nxt["reward"].item() == pytest.approx(info["score"][-1]["Score"] - baseline, abs=1e-5)
+    finally:
+        env.close()
 
 
 def test_multi_task_sampling_is_seeded_and_swaps_backends(backends):
