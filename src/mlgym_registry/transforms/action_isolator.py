@@ -10,7 +10,7 @@ from __future__ import annotations
 from tensordict import TensorDictBase
 
 from ..errors import FormatError
-from .base import FORMAT_ERROR_KEY, ChainTransform, is_retry
+from .base import ASSISTANT_KEY, FORMAT_ERROR_KEY, ChainTransform, is_retry
 from .layout import Layout
 
 
@@ -22,7 +22,10 @@ class ActionIsolator(ChainTransform):
         self.reward_wrong_format = reward_wrong_format
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
-        response = tensordict.get(self.layout.response, None)
+        # the assistant turn as the chat template cut it from the response (nothing after its end-of-turn marker)
+        response = tensordict.get(ASSISTANT_KEY, None)
+        if response is None:
+            response = tensordict.get(self.layout.response, None)
         if response is None:
             raise KeyError(f"the step input has no model response at {self.layout.response!r}")
         response = response if isinstance(response, str) else str(getattr(response, "data", response))
