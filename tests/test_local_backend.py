@@ -432,61 +432,76 @@ def recorded_kind(step: dict) -> str:
     return observation_kind(step["observation"])
 
 
-def recorded_starters(task_dir: Path) -> dict[str, str]:
-    """Starter files as the recorded runs saw them: each file's window at its first ``open``, by majority vote.
+def first_windows(path: Path) -> dict[str, str]:
+    """Each file's text as shown by its first ``open`` in one recorded run, before the run touched it."""
+    found: dict[str, str] = {}
+    mentioned: set[str] = set()
+    for step in json.loads(path.read_text())["trajectory"]:
+        action, lines = step["action"].strip(), (step["observation"] or "").split("\n")
+        opened = re.match(r'^open\s+"?([\w./]+?)"?\s*$', action)
+        head = _WINDOW_HEAD.match(lines[0])
+        if opened and head and head[1] == opened[1].lstrip("./") and head[1] not in mentioned | set(found):
+            body = lines[1:]
+            if len(body) == int(head[2]) and all(re.match(r"^\d+:", line) for line in body):
+                found[head[1]] = "".join(line.split(":", 1)[1] + "\n" for line in body)
+        mentioned.update(re.findall(r"\w+\.py", action))
+    return found
 
-    The runs predate the files in MLGym's repository (which later gained licence headers), so line numbers in the
-    recorded edits only fit the recorded versions.
+
+def recorded_starters(task_dir: Path, current: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Starter files as each recorded run saw them.
+
+    Most runs predate the files in MLGym's repository (which later gained licence headers), so line numbers in their
+    edits only fit the versions they saw. A run keeps the files it opened; for the others it gets the repository's
+    ``current`` version when one of its files matches it, else the version most runs of the task saw.
     """
+    runs = {path.name: first_windows(path) for path in sorted(task_dir.glob("*.traj"))}
     votes: dict[str, Counter] = {}
-    for path in sorted(task_dir.glob("*.traj")):
-        mentioned: set[str] = set()
-        for step in json.loads(path.read_text())["trajectory"]:
-            action, lines = step["action"].strip(), (step["observation"] or "").split("\n")
-            opened = re.match(r'^open\s+"?([\w./]+?)"?\s*$', action)
-            head = _WINDOW_HEAD.match(lines[0])
-            if opened and head and head[1] == opened[1].lstrip("./") and head[1] not in mentioned:
-                body = lines[1:]
-                if len(body) == int(head[2]) and all(re.match(r"^\d+:", line) for line in body):
-                    text = "".join(line.split(":", 1)[1] + "\n" for line in body)
-                    votes.setdefault(head[1], Counter())[text] += 1
-            mentioned.update(re.findall(r"\w+\.py", action))
-    return {name: counter.most_common(1)[0][0] for name, counter in votes.items()}
+    for windows in runs.values():
+        for name, text in windows.items():
+            votes.setdefault(name, Counter())[text] += 1
+    majority = {name: counter.most_common(1)[0][0] for name, counter in votes.items()}
+    starters = {}
+    for run, windows in runs.items():
+        recent = any(current.get(name) == text for name, text in windows.items())
+        starters[run] = {**(current if recent else majority), **windows}
+    return starters
 
 
 def replay_task(task_dir: Path, checkout: Path, scratch: Path, training_timeout: int = 90) -> dict:
     """Every recorded action of one task's runs through a LocalBackend; observation kinds and score gaps."""
     from mlgym_registry.specs import load_task_yaml
 
-    spec = load_task_yaml(checkout / "configs" / "tasks" / f"{task_dir.name}.yaml", root=checkout)
-    starters = recorded_starters(task_dir)
-    files = []
-    for item in spec.starter_code:
-        name = Path(item).name
-        if name in starters:
-            (scratch / name).write_text(starters[name])
-            files.append(str(scratch / name))
-        else:
-            files.append(str(spec.resolve_path(item)))
+    task = load_task_yaml(checkout / "configs" / "tasks" / f"{task_dir.name}.yaml", root=checkout)
     aliases = checkout / "dockerfiles" / "aliases.sh"
-    spec = spec.replace(
-        starter_code=files, max_steps=50, training_timeout=training_timeout,
-        aliases_file=str(aliases) if aliases.exists() else None,
-    )
     steps = same = 0
     gaps: list[float] = []
     mismatches = []
-    for path in sorted(task_dir.glob("*.traj")):
+    current = {Path(item).name: task.resolve_path(item).read_text() for item in task.starter_code}
+    for run, starters in recorded_starters(task_dir, current).items():
+        files = []
+        for item in task.starter_code:
+            name = Path(item).name
+            if name in starters:
+                (scratch / run).mkdir(exist_ok=True)
+                (scratch / run / name).write_text(starters[name])
+                files.append(str(scratch / run / name))
+            else:
+                files.append(str(task.resolve_path(item)))
+        spec = task.replace(
+            starter_code=files, max_steps=50, training_timeout=training_timeout,
+            aliases_file=str(aliases) if aliases.exists() else None,
+        )
         with LocalBackend(spec) as env:
             env.reset()
             env.install_tools()
-            for index, step in enumerate(json.loads(path.read_text())["trajectory"]):
+            for index, step in enumerate(json.loads((task_dir / run).read_text())["trajectory"]):
                 observation, _, done, _ = env.step(mlgym_guard(step["action"]).strip())
                 want, got = recorded_kind(step), observation_kind(observation)
                 steps += 1
                 same += want == got
                 if want != got:
-                    mismatches.append((path.name, index, want, got))
+                    mismatches.append((run, index, want, got))
                 elif want == "validate_score":
                     old = ast.literal_eval(step["observation"].rsplit("Evaluation Score: ", 1)[1])
                     new = ast.literal_eval(observation.rsplit("Evaluation Score: ", 1)[1])

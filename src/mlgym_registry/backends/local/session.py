@@ -1,6 +1,6 @@
 """One persistent bash process talked to over pipes, with an end-of-command marker instead of sleeps.
 
-Each command is sent as ``{ <command> } </dev/null`` followed by a ``printf`` of a marker that carries the command's
+Each command is sent as ``{ :; <command> } </dev/null`` followed by a ``printf`` of a marker that carries the command's
 exit status; output (stderr merged) is read with ``select`` until the marker arrives. The command's stdin is
 ``/dev/null`` so that a program reading stdin cannot swallow the marker. On a timeout every process of the session
 except the shell is killed and the shell is given a moment to print the marker; if it does not (a builtin loop, a
@@ -95,7 +95,8 @@ class ShellSession:
     ) -> Result:
         """Run ``command`` in the shell and return its normalised output. ``after`` runs after it, before the marker."""
         script = (
-            "{ " + command + "\n\n} </dev/null\n__mlgr_rc=$?\n" + (after + "\n" if after else "")
+            # ":" keeps the group valid when the command is only comments: bash would exit on the syntax error
+            "{ :\n" + command + "\n\n} </dev/null\n__mlgr_rc=$?\n" + (after + "\n" if after else "")
             + f"printf '\\n%s%s:DONE///\\n' {shlex.quote(self._start.decode())} \"$__mlgr_rc\"\n"
         )
         try:
