@@ -81,6 +81,7 @@ class BackendEnv(EnvBase):
             self.tasks[item.spec.id] = item
         self.task_name: str = next(iter(self.tasks))
         self.tools: ToolSet | None = None
+        self.fields: dict[str, Any] | None = None
         self.last_info: dict[str, Any] | None = None
         self.task_rng = np.random.default_rng()
         self._seed: int | None = None

@@ -77,11 +77,16 @@ class ChainTransform(Transform):
         return template_set(self.base.task.template)
 
     def template_fields(self) -> dict[str, Any]:
-        """Task fields plus ``command_docs`` and the tools' env variables: what every template may use."""
+        """Task fields plus ``command_docs`` and the tools' env variables: what every template may use.
+
+        They are fixed for an episode, so they are gathered once per reset (the reset module clears the cache).
+        """
         base = self.base
-        fields = task_fields(base.backend)
-        tools = base.tools
-        if tools is not None:
-            fields.update(tools.env_variables)
-            fields["command_docs"] = tools.command_docs
-        return fields
+        if base.fields is None:
+            fields = task_fields(base.backend)
+            tools = base.tools
+            if tools is not None:
+                fields.update(tools.env_variables)
+                fields["command_docs"] = tools.command_docs
+            base.fields = fields
+        return dict(base.fields)

@@ -21,6 +21,7 @@ class ResetModule(ChainTransform):
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         base = self.base
         base.tools = base.backend.install_tools()
+        base.fields = None
         system = format_template(self.templates.system_template, self.template_fields(), what="system_template")
         set_entry(tensordict_reset, self.layout.history, history_from([message("system", system, base.device)]))
         return tensordict_reset
