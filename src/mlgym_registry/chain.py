@@ -40,17 +40,19 @@ def build_env(
     import tensordict
     from torchrl.envs import Compose, TransformedEnv
 
-    from .transforms.action_isolator import ActionIsolator
-    from .transforms.backend_env import BackendEnv
-    from .transforms.chat_template import ChatTemplate
+    from .transforms import (
+        ActionIsolator,
+        BackendEnv,
+        ChatTemplate,
+        MessageToHistory,
+        ReadState,
+        ResetModule,
+        RetrySkip,
+        RewardAssigner,
+        StateToMessage,
+        TaskSampler,
+    )
     from .transforms.layout import get_layout
-    from .transforms.message_to_history import MessageToHistory
-    from .transforms.read_state import ReadState
-    from .transforms.reset_module import ResetModule
-    from .transforms.retry_skip import RetrySkip
-    from .transforms.reward_assigner import RewardAssigner
-    from .transforms.state_to_message import StateToMessage
-    from .transforms.task_sampler import TaskSampler
 
     if not resolved:
         raise ValueError("build_env needs at least one resolved task")

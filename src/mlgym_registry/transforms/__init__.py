@@ -1,1 +1,31 @@
-"""The TorchRL transforms of the chain ``make`` builds, one module per stage."""
+"""The TorchRL transforms of the chain ``make`` builds, one module per stage, over a ``BackendEnv``.
+
+``mlgym_registry.chain.build_env`` assembles them; they are exported here for anyone assembling a chain by hand.
+"""
+
+from .action_isolator import ActionIsolator
+from .backend_env import BackendEnv
+from .chat_template import ChatTemplate
+from .layout import LAYOUTS, Layout
+from .message_to_history import MessageToHistory
+from .read_state import ReadState
+from .reset_module import ResetModule
+from .retry_skip import RetrySkip
+from .reward_assigner import RewardAssigner
+from .state_to_message import StateToMessage
+from .task_sampler import TaskSampler
+
+__all__ = [
+    "LAYOUTS",
+    "ActionIsolator",
+    "BackendEnv",
+    "ChatTemplate",
+    "Layout",
+    "MessageToHistory",
+    "ReadState",
+    "ResetModule",
+    "RetrySkip",
+    "RewardAssigner",
+    "StateToMessage",
+    "TaskSampler",
+]

@@ -21,14 +21,6 @@ MAX_STEPS_EXIT = "autosubmission (max_steps)"
 """MLGym's ``exit_status`` when the episode ran out of steps."""
 
 
-def nested_spec(key: Any, leaf: Any, device: torch.device | None) -> Composite:
-    """A ``Composite`` holding ``leaf`` at the (possibly nested) ``key``."""
-    if isinstance(key, tuple) and len(key) > 1:
-        return Composite({key[0]: nested_spec(key[1:], leaf, device)}, shape=(), device=device)
-    name = key[0] if isinstance(key, tuple) else key
-    return Composite({name: leaf}, shape=(), device=device)
-
-
 def task_fields(backend: Backend) -> dict[str, Any]:
     """The task fields templates are formatted with: ``backend.task.args`` as a dict."""
     args = getattr(getattr(backend, "task", None), "args", None)
@@ -96,7 +88,9 @@ class BackendEnv(EnvBase):
         action_spec = Composite(shape=(), device=device)
         set_spec(action_spec, self.layout.response, text.clone())
         self.full_action_spec = action_spec
-        self.full_observation_spec = nested_spec(self.layout.observation, text.clone(), device)
+        observation_spec = Composite(shape=(), device=device)
+        set_spec(observation_spec, self.layout.observation, text.clone())
+        self.full_observation_spec = observation_spec
         self.full_reward_spec = Composite(
             {self.layout.reward: Unbounded(shape=(1,), dtype=torch.float32, device=device)}, shape=(), device=device
         )

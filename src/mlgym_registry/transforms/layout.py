@@ -15,7 +15,7 @@ from tensordict import NestedKey, TensorDict
 
 @dataclass(frozen=True)
 class Layout:
-    """The tensordict keys of one layout."""
+    """The tensordict keys of one layout. ``action`` is where the isolated action goes (the backend's input)."""
 
     name: str
     history: NestedKey
@@ -28,11 +28,6 @@ class Layout:
     observation: NestedKey = "observation"
     task: NestedKey = "task"
     reward: NestedKey = "reward"
-
-    @property
-    def llm_containers(self) -> bool:
-        """True when prompt/history live in TorchRL's ``Text``/``ChatHistory`` containers."""
-        return isinstance(self.prompt, tuple)
 
 
 LAYOUTS: dict[str, Layout] = {
