@@ -133,6 +133,73 @@ class _Episode:
     writer: TrajectoryWriter | None
 
 
+class _Receiver:
+    """Turns the frames workers send into episodes, each recorded as it grows.
+
+    A worker plays its episodes one after another; a frame with a trajectory id not seen before starts the worker's
+    next episode. Once a worker has finished ``per_env`` episodes its further frames (the collector keeps it busy
+    until shutdown) are dropped.
+    """
+
+    def __init__(self, spec: TaskSpec, parser: Any, module: TextPolicy, out: Path | None, per_env: int):
+        self.spec, self.parser, self.module, self.out, self.per_env = spec, parser, module, out, per_env
+        self.current: dict[int, tuple[int, _Episode]] = {}
+        self.done: dict[int, list[EpisodeResult]] = {}
+        self.steps = 0
+
+    @property
+    def finished(self) -> int:
+        """Episodes finished so far."""
+        return sum(len(results) for results in self.done.values())
+
+    def receive(self, frame: TensorDictBase) -> None:
+        """Record one collected step."""
+        worker = int(text_at(frame, ("next", WORKER_KEY)))
+        trajectory = int(frame.get(("collector", "traj_ids")).item())
+        results = self.done.setdefault(worker, [])
+        if len(results) >= self.per_env:
+            return
+        current = self.current.get(worker)
+        if current is None or current[0] != trajectory:
+            current = self.current[worker] = (trajectory, self._start(worker, len(results), frame))
+        episode = current[1]
+        turn = _turn(frame, len(episode.result.turns), self.parser, self.module)
+        episode.result.turns.append(turn)
+        self.steps += 1
+        if turn.info is not None:
+            episode.result.info = turn.info
+        if episode.writer is not None:
+            episode.writer.step(turn.step(), info=episode.result.info)
+            messages = _messages(frame.get("next"), self.module.in_keys[0])
+            if not turn.done and messages and messages[-1]["role"] == "user":
+                episode.writer.user(messages[-1]["content"])
+        if turn.done:
+            episode.result.finished = True
+            results.append(episode.result)
+            del self.current[worker]
+            if episode.writer is not None:
+                episode.writer.finish(episode.result.info)
+
+    def _start(self, worker: int, number: int, frame: TensorDictBase) -> _Episode:
+        writer = None
+        if self.out is not None:
+            folder = f"env{worker}" if self.per_env == 1 else f"env{worker}-{number}"
+            writer = TrajectoryWriter(Path(self.out) / folder, self.spec.id.replace("/", "_"),
+                                      baseline=self.spec.baseline, environment=f"mlgym_registry:{self.spec.backend}")
+            for message in _messages(frame, self.module.in_keys[0]):
+                (writer.system if message["role"] == "system" else writer.user)(message["content"])
+        return _Episode(EpisodeResult(self.spec), writer)
+
+    def results(self) -> list[EpisodeResult]:
+        """Every episode, finished ones first per worker then any cut short, in worker order."""
+        ordered = []
+        for worker in sorted(set(self.done) | set(self.current)):
+            ordered += self.done.get(worker, [])
+            if worker in self.current:
+                ordered.append(self.current[worker][1].result)
+        return ordered
+
+
 def run_parallel(
     spec: TaskSpec | str,
     policy: str,
@@ -142,74 +209,36 @@ def run_parallel(
     seed: int | None = None,
     on_step: Callable[[int, int], None] | None = None,
     options: dict[str, Any] | None = None,
+    episodes_per_env: int = 1,
 ) -> list[EpisodeResult]:
-    """Play ``num_envs`` episodes at once, one per worker process, and return their results in worker order.
+    """Play ``num_envs`` episodes at once, one env per worker process, and return their results in worker order.
 
-    ``out`` gets ``env<i>/<task>.traj`` and ``env<i>/results.json`` per episode, saved at every step.
+    Each worker plays ``episodes_per_env`` episodes in a row. ``out`` gets ``env<i>/<task>.traj`` and
+    ``env<i>/results.json`` per episode (``env<i>-<k>/`` with several episodes per env), saved at every step.
     ``on_step(finished_episodes, steps_so_far)`` is called as steps arrive.
     """
     from torchrl.collectors import Collector
 
-    from .components.parsers import ThoughtActionParser
     from .registry import registry
 
     spec = registry.spec(spec)
     factories = [EnvFactory(spec.to_dict(), dict(options or {}), index=index) for index in range(num_envs)]
-    parser = registry.component(spec, "parser") if spec.parser else ThoughtActionParser()
     module = TextPolicy(policy, task_id=spec.id)
-    collector = Collector(
-        factories,
-        module,
-        frames_per_batch=1,
-        total_frames=-1,
-        num_collectors=num_envs,
-        sync=False,
-    )
+    receiver = _Receiver(spec, registry.component(spec, "parser"), module, out, episodes_per_env)
+    collector = Collector(factories, module, frames_per_batch=1, total_frames=-1, num_collectors=num_envs, sync=False)
     if seed is not None:
         collector.set_seed(seed)
-    episodes: dict[int, _Episode] = {}
-    first_trajectory: dict[int, int] = {}
-    finished: dict[int, EpisodeResult] = {}
-    steps = 0
     try:
         for batch in collector:
             for frame in batch.reshape(-1).unbind(0):
-                worker = int(text_at(frame, ("next", WORKER_KEY)))
-                trajectory = int(frame.get(("collector", "traj_ids")).item())
-                # a worker starts a new episode once its first is done: only the first one counts
-                if first_trajectory.setdefault(worker, trajectory) != trajectory or worker in finished:
-                    continue
-                episode = episodes.get(worker)
-                if episode is None:
-                    writer = None if out is None else TrajectoryWriter(
-                        Path(out) / f"env{worker}", spec.id.replace("/", "_"), baseline=spec.baseline,
-                        environment=f"mlgym_registry:{spec.backend}")
-                    episode = episodes[worker] = _Episode(EpisodeResult(spec), writer)
-                    if writer is not None:
-                        for message in _messages(frame, module.in_keys[0]):
-                            (writer.system if message["role"] == "system" else writer.user)(message["content"])
-                turn = _turn(frame, len(episode.result.turns), parser, module)
-                episode.result.turns.append(turn)
-                steps += 1
-                if turn.info is not None:
-                    episode.result.info = turn.info
-                if episode.writer is not None:
-                    episode.writer.step(turn.step(), info=episode.result.info)
-                    messages = _messages(frame.get("next"), module.in_keys[0])
-                    if not turn.done and messages and messages[-1]["role"] == "user":
-                        episode.writer.user(messages[-1]["content"])
-                if turn.done:
-                    episode.result.finished = True
-                    finished[worker] = episode.result
-                    if episode.writer is not None:
-                        episode.writer.finish(episode.result.info)
+                receiver.receive(frame)
                 if on_step is not None:
-                    on_step(len(finished), steps)
-            if len(finished) >= num_envs:
+                    on_step(receiver.finished, receiver.steps)
+            if receiver.finished >= num_envs * episodes_per_env:
                 break
     finally:
         collector.shutdown()
-    return [episodes[index].result for index in sorted(episodes)]
+    return receiver.results()
 
 
 def _messages(td: TensorDictBase, key: Any) -> list[dict[str, str]]:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .run import shorten
+from .run import add_backend_option_argument, backend_options, shorten
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="folder for the report (default: runs/replay-<id>-<time>)")
     parser.add_argument("--max-steps", type=int, default=None, help="steps before autosubmission (default: the task's)")
     parser.add_argument("--seed", type=int, default=None, help="seed for the backend and the evaluator")
+    add_backend_option_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
 
 
@@ -103,19 +104,29 @@ def default_task(trajectory_path: Path, environment: str = "mlgym_main") -> tupl
 
 
 def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None = None, seed: int | None = None,
-           stream: TextIO | None = None, warnings: list[str] | None = None) -> ReplayReport:
-    """Replay ``trajectory_path`` on ``task``, write our ``.traj``, ``results.json`` and the report to ``out``."""
+           stream: TextIO | None = None, warnings: list[str] | None = None,
+           options: dict[str, Any] | None = None, training_timeout: int | None = None) -> ReplayReport:
+    """Replay ``trajectory_path`` on ``task``, write our ``.traj``, ``results.json`` and the report to ``out``.
+
+    ``options`` are backend options. Replayed edits can land on other lines than in the recorded run and so make
+    a strategy that never ends: a shorter ``training_timeout`` (seconds per evaluation) keeps such a replay short.
+    """
     from ..episode import run_episode
     from ..observation_kinds import observation_kind
     from ..policies.replay import ReplayPolicy
     from ..registry import registry
     from ..trajectories import TrajectoryWriter, atomic_write_json, load_traj
-    from .run import Transcript, sigint_deferred
+    from .run import Transcript, sigint_deferred, terminate_as_exit
 
     recorded = load_traj(trajectory_path)
     spec = registry.spec(task)
-    if max_steps:
-        spec = registry.spec(spec.replace(max_steps=max_steps, components={}))
+    changes: dict[str, Any] = {"max_steps": max_steps} if max_steps else {}
+    if training_timeout:
+        changes["training_timeout"] = training_timeout
+    if options:
+        changes["backend_options"] = {**spec.backend_options, **options}
+    if changes:
+        spec = registry.spec(spec.replace(**changes, components={}))
     report = ReplayReport(
         source=str(trajectory_path),
         task=task,
@@ -129,8 +140,9 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
     policy = ReplayPolicy(recorded)
     env = registry.make(spec)
     try:
-        result = run_episode(env, policy, spec=spec, writer=writer, seed=seed,
-                             on_turn=Transcript(stream) if stream is not None else None)
+        with terminate_as_exit():
+            result = run_episode(env, policy, spec=spec, writer=writer, seed=seed,
+                                 on_turn=Transcript(stream) if stream is not None else None)
     finally:
         with sigint_deferred():
             env.close()
@@ -190,7 +202,8 @@ def main(args: argparse.Namespace) -> int:
     stem = task.replace("/", "_")
     out = Path(args.out or Path("runs") / f"replay-{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     report = replay(path, task, out, max_steps=args.max_steps, seed=args.seed, warnings=warnings,
-                    stream=None if args.quiet else sys.stdout)
+                    stream=None if args.quiet else sys.stdout, options=backend_options(args.backend_option),
+                    training_timeout=args.training_timeout)
     print(format_report(report))
     print(f"wrote {out / 'replay-report.json'}")
     return 0

@@ -30,7 +30,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="folder for the .traj and results.json (default: runs/<task>-<time>)")
     parser.add_argument("--num-envs", type=int, default=1, help="episodes to play at once, in worker processes")
+    add_backend_option_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="show only the final score")
+
+
+def add_backend_option_argument(parser: argparse.ArgumentParser) -> None:
+    """``--training-timeout`` and ``-o KEY=VALUE`` (a backend option, repeatable; the value is read as JSON when it
+    parses, else as text)."""
+    parser.add_argument("--training-timeout", type=int, default=None, metavar="SECONDS",
+                        help="how long evaluations and training commands may run (default: the task's)")
+    parser.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="backend option, e.g. -o command_timeout=10 -o long_timeout=60 (repeatable)")
+
+
+def backend_options(pairs: list[str]) -> dict[str, object]:
+    """The ``-o KEY=VALUE`` options as a dict (``60`` is a number, ``true`` a bool, anything else a string)."""
+    import json
+
+    options: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"mlgym-registry: a backend option must look like KEY=VALUE, got {pair!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value
+    return options
 
 
 def main(args: argparse.Namespace) -> int:
@@ -42,7 +68,11 @@ def main(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 1:
         raise SystemExit("mlgym-registry run: --max-steps must be at least 1")
     spec = registry.spec(args.task)
-    changes = {key: value for key, value in (("max_steps", args.max_steps), ("backend", args.backend)) if value}
+    changes = {key: value for key, value in (("max_steps", args.max_steps), ("backend", args.backend),
+                                             ("training_timeout", args.training_timeout)) if value}
+    options = backend_options(args.backend_option)
+    if options:
+        changes["backend_options"] = {**spec.backend_options, **options}
     if changes:
         spec = registry.spec(spec.replace(**changes, components={}))
     out = Path(args.out or Path("runs") / f"{spec.id.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -68,7 +98,8 @@ def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = N
     env = registry.make(spec)
     try:
         on_turn = None if args.quiet else Transcript(stream)
-        result = run_episode(env, policy, spec=spec, writer=writer, on_turn=on_turn, seed=args.seed)
+        with terminate_as_exit():
+            result = run_episode(env, policy, spec=spec, writer=writer, on_turn=on_turn, seed=args.seed)
     finally:
         with sigint_deferred():
             env.close()
@@ -93,6 +124,24 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
         print(f"env {index}: {result.summary()}")
     print(f"wrote {out}/env<i>/{spec.id}.traj and results.json for {len(results)} episodes")
     return 0 if all(result.finished for result in results) else 1
+
+
+@contextmanager
+def terminate_as_exit():
+    """Turn SIGTERM into ``SystemExit(143)`` so that clean-up (``finally``) runs as it does for Ctrl-C."""
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
