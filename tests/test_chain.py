@@ -344,3 +344,18 @@ def test_unknown_layout_is_a_clear_error(backends):
 def test_tokenizer_path_that_does_not_exist(backends, tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
         make(backends, tokenizer=str(tmp_path / "missing"))
+
+
+def test_templates_that_do_not_grow_by_appending_are_rendered_in_full():
+    from mlgym_registry.transforms.rendering import ChatRenderer, IncrementalPrompt
+
+    renderer = ChatRenderer()
+    assert IncrementalPrompt(renderer).incremental  # chatml grows by appending
+    renderer.template = "{{ messages | length }} turns:{% for m in messages %} {{ m['content'] }}{% endfor %}"
+    prompt = IncrementalPrompt(renderer)
+    assert not prompt.incremental
+    messages = [{"role": "system", "content": "s"}] + [
+        {"role": role, "content": f"{role}{i}"} for i in range(3) for role in ("user", "assistant")
+    ]
+    prompt.start(messages[:2])
+    assert prompt.extend(messages[2:4]) == renderer.render(messages[:4]) == "4 turns: s user0 assistant0 user1"
