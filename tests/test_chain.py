@@ -346,16 +346,33 @@ def test_tokenizer_path_that_does_not_exist(backends, tmp_path):
         make(backends, tokenizer=str(tmp_path / "missing"))
 
 
-def test_templates_that_do_not_grow_by_appending_are_rendered_in_full():
+@pytest.mark.parametrize(
+    "template",
+    [
+        # the prefix changes with every turn: each extension notices and renders in full
+        "{{ messages | length }} turns:{% for m in messages %} {{ m['content'] }}{% endfor %}",
+        # numbering: a window would number its turns from 1; the probe turns incremental rendering off
+        "{% for m in messages %}{{ loop.index }}. {{ m['content'] }}\n{% endfor %}",
+    ],
+)
+def test_templates_that_do_not_grow_by_appending_are_rendered_in_full(template):
+    from mlgym_registry.transforms.rendering import ChatRenderer, IncrementalPrompt
+
+    renderer = ChatRenderer()
+    renderer.template = template
+    prompt = IncrementalPrompt(renderer)
+    messages = [{"role": "system", "content": "s"}] + [
+        {"role": role, "content": f"{role}{i}"} for i in range(4) for role in ("user", "assistant")
+    ]
+    prompt.start(messages[:2])
+    for end in (4, 6, 8):
+        assert prompt.extend(messages[end - 2:end]) == renderer.render(messages[:end])
+
+
+def test_numbering_template_disables_incremental_rendering():
     from mlgym_registry.transforms.rendering import ChatRenderer, IncrementalPrompt
 
     renderer = ChatRenderer()
     assert IncrementalPrompt(renderer).incremental  # chatml grows by appending
-    renderer.template = "{{ messages | length }} turns:{% for m in messages %} {{ m['content'] }}{% endfor %}"
-    prompt = IncrementalPrompt(renderer)
-    assert not prompt.incremental
-    messages = [{"role": "system", "content": "s"}] + [
-        {"role": role, "content": f"{role}{i}"} for i in range(3) for role in ("user", "assistant")
-    ]
-    prompt.start(messages[:2])
-    assert prompt.extend(messages[2:4]) == renderer.render(messages[:4]) == "4 turns: s user0 assistant0 user1"
+    renderer.template = "{% for m in messages %}{{ loop.index }}. {{ m['content'] }}\n{% endfor %}"
+    assert not IncrementalPrompt(renderer).incremental
