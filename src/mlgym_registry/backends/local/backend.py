@@ -504,16 +504,12 @@ class LocalBackend:
         hits = cgroup.hit_limit_count()
         if hits == self._limit_hits:
             return output
-        self._limit_hits = hits
-        session = self._res.session
-        if session is not None:
-            from . import procs
-
-            for _ in range(20):
-                victims = session.processes()
-                if not victims:
-                    break
-                procs.kill_all(victims)
+        if self._res.session is not None:
+            self._res.session.kill_processes()
+            # killed processes hold their slots until reaped (by init, for orphans): wait so the shell can fork again
+            cgroup.wait_reaped(keep=len(cgroup.members()))
+            self._res.session.discard_pending()  # what the stopped processes printed after the command ended
+        self._limit_hits = cgroup.hit_limit_count()
         note = (
             f"NOTE: the command reached the limit of {self.limits.max_processes} processes; every process it left "
             "running was stopped."

@@ -14,6 +14,7 @@ import os
 import resource
 import shutil
 import subprocess
+import time
 import uuid
 import warnings
 from collections.abc import Callable
@@ -115,6 +116,22 @@ class PidsCgroup:
             return {int(line) for line in (self.path / "cgroup.procs").read_text().split()}
         except OSError:
             return set()
+
+    def current(self) -> int:
+        """How many tasks the cgroup counts now (exited ones still count until their parent or init reaps them)."""
+        try:
+            return int((self.path / "pids.current").read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def wait_reaped(self, keep: int, within: float = 5.0) -> bool:
+        """Wait until at most ``keep`` tasks are counted, i.e. killed processes were reaped; True when they were."""
+        deadline = time.monotonic() + within
+        while self.current() > keep:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def hit_limit_count(self) -> int:
         """How many forks the limit has refused so far."""

@@ -1,6 +1,6 @@
 """One persistent bash process talked to over pipes, with an end-of-command marker instead of sleeps.
 
-Each command is sent as ``{ :; <command> } </dev/null`` followed by a ``printf`` of a marker that carries the command's
+Each command is sent as ``{ <command> } </dev/null`` followed by a ``printf`` of a marker that carries the command's
 exit status; output (stderr merged) is read with ``select`` until the marker arrives. The command's stdin is
 ``/dev/null`` so that a program reading stdin cannot swallow the marker. On a timeout every process of the session
 except the shell is killed and the shell is given a moment to print the marker; if it does not (a builtin loop, a
@@ -95,8 +95,9 @@ class ShellSession:
     ) -> Result:
         """Run ``command`` in the shell and return its normalised output. ``after`` runs after it, before the marker."""
         script = (
-            # ":" keeps the group valid when the command is only comments: bash would exit on the syntax error
-            "{ :\n" + command + "\n\n} </dev/null\n__mlgr_rc=$?\n" + (after + "\n" if after else "")
+            # the assignment keeps the group valid when the command is only comments (bash would exit on the syntax
+            # error); unlike ":" or "true" it cannot be redefined as a function by the agent
+            "{ __mlgr_rc=0\n" + command + "\n\n} </dev/null\n__mlgr_rc=$?\n" + (after + "\n" if after else "")
             + f"printf '\\n%s%s:DONE///\\n' {shlex.quote(self._start.decode())} \"$__mlgr_rc\"\n"
         )
         try:
@@ -143,18 +144,13 @@ class ShellSession:
 
         Programs the rest of the command line starts during that moment are killed as well; shell builtins still run.
         """
-        for _ in range(3):  # a process may fork while we kill: repeat until none is left
-            victims = self.processes()
-            if not victims:
-                break
-            procs.kill_all(victims)
-            time.sleep(0.02)
+        self.kill_processes()
         deadline = time.monotonic() + INTERRUPT_GRACE
         while time.monotonic() < deadline:
+            # the rest of the command line keeps running in the shell: stop whatever it starts next too
+            procs.kill_all(self.processes())
             ready, _, _ = select.select([self._fd], [], [], min(max(deadline - time.monotonic(), 0), 0.05))
             if not ready:
-                # the rest of the command line keeps running in the shell: stop whatever it starts next too
-                procs.kill_all(self.processes())
                 continue
             data = self._read_available()
             if data is None:
@@ -167,6 +163,28 @@ class ShellSession:
             if match:
                 return Result(self._text(buffer), _to_int(match.group(1)), timed_out=kind)
         return Result(self._text(buffer), None, timed_out=kind, marker_lost=True)
+
+    def kill_processes(self, within: float = 2.0) -> bool:
+        """Kill every process of the session but the shell, again and again while they fork; True when none is left."""
+        deadline = time.monotonic() + within
+        while True:
+            victims = self.processes()
+            if not victims:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            procs.kill_all(victims)
+            time.sleep(0.005)
+
+    def discard_pending(self) -> int:
+        """Drop output waiting in the pipe (written after the last command ended); returns how many bytes."""
+        dropped = 0
+        while select.select([self._fd], [], [], 0)[0]:
+            data = self._read_available()
+            if not data:
+                break
+            dropped += len(data)
+        return dropped
 
     def _text(self, buffer: CappedBuffer) -> str:
         raw = buffer.contents()
