@@ -86,7 +86,6 @@ def standin_backend():
 SPEC = TaskSpec(id="tinyTask", description="Improve the strategy.", baseline_scores=[{"Score": 1.0}], max_steps=20)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("input_mode", ["history", "text"])
 def test_rollout_with_transformers_wrapper(tokenizer, model, standin_backend, input_mode):
     env = registry.make(SPEC, backend="standin_rollout", tokenizer=tokenizer, reward_wrong_format=PENALTY)
@@ -125,7 +124,6 @@ def test_rollout_with_transformers_wrapper(tokenizer, model, standin_backend, in
     assert backend.closed
 
 
-@pytest.mark.slow
 def test_tokenizer_from_a_local_path(tmp_path, tokenizer, standin_backend):
     tokenizer.save_pretrained(tmp_path / "tok")
     env = registry.make(SPEC, backend="standin_rollout", tokenizer=str(tmp_path / "tok"))
