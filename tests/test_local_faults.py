@@ -88,6 +88,14 @@ def test_huge_output_is_capped(tmp_path):
         assert_usable(env)
 
 
+def test_long_command_printing_early_does_not_deadlock(tmp_path):
+    with make(tmp_path) as env:
+        command = "seq 1 200000\n" + "\n".join(f"echo line{i}" for i in range(20000))  # > 64 KiB each way
+        obs = env.communicate(command, timeout_duration=60)
+        assert obs.endswith("line19998\nline19999") and env.returncode == 0
+        assert_usable(env)
+
+
 def test_binary_output_is_decoded(tmp_path):
     with make(tmp_path) as env:
         obs, *_ = env.step("head -c 20000 /dev/urandom; printf '\\x00\\xff\\xfe end'")

@@ -70,7 +70,9 @@ class ShellSession:
         )
         self.pid = self.proc.pid
         self._fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        self._in = self.proc.stdin.fileno()  # type: ignore[union-attr]
         os.set_blocking(self._fd, False)
+        os.set_blocking(self._in, False)
 
     # -- state -----------------------------------------------------------------------------------------------------
     @property
@@ -100,13 +102,15 @@ class ShellSession:
             "{ __mlgr_rc=0\n" + command + "\n\n} </dev/null\n__mlgr_rc=$?\n" + (after + "\n" if after else "")
             + f"printf '\\n%s%s:DONE///\\n' {shlex.quote(self._start.decode())} \"$__mlgr_rc\"\n"
         )
-        try:
-            os.write(self.proc.stdin.fileno(), script.encode("utf-8", errors="surrogateescape"))  # type: ignore[union-attr]
-        except (BrokenPipeError, OSError):
-            return Result(output="", returncode=self._exit_status(), shell_died=True)
-        return self._read(timeout, no_output_timeout if no_output_timeout is not None else timeout)
+        pending = script.encode("utf-8", errors="surrogateescape")
+        return self._read(pending, timeout, no_output_timeout if no_output_timeout is not None else timeout)
 
-    def _read(self, timeout: float, no_output_timeout: float) -> Result:
+    def _read(self, pending: bytes, timeout: float, no_output_timeout: float) -> Result:
+        """Feed ``pending`` to the shell and collect its output until the marker.
+
+        Writing and reading are interleaved so that a long command whose first part prints a lot cannot deadlock
+        with both pipes full.
+        """
         buffer = CappedBuffer(self.max_output_bytes)
         recent = b""
         now = time.monotonic()
@@ -116,7 +120,15 @@ class ShellSession:
             if now >= deadline or now >= quiet_deadline:
                 kind = "total" if now >= deadline else "no_output"
                 return self._interrupt(buffer, recent, kind)
-            ready, _, _ = select.select([self._fd], [], [], min(deadline, quiet_deadline) - now)
+            writers = [self._in] if pending else []
+            ready, writable, _ = select.select([self._fd], writers, [], min(deadline, quiet_deadline) - now)
+            if writable:
+                try:
+                    pending = pending[os.write(self._in, pending[: 1 << 16]) :]
+                except BlockingIOError:
+                    pass
+                except OSError:  # the shell is gone
+                    return Result(self._text(buffer), self._exit_status(), shell_died=True)
             if not ready:
                 continue
             data = self._read_available()
