@@ -376,3 +376,29 @@ def test_numbering_template_disables_incremental_rendering():
     assert IncrementalPrompt(renderer).incremental  # chatml grows by appending
     renderer.template = "{% for m in messages %}{{ loop.index }}. {{ m['content'] }}\n{% endfor %}"
     assert not IncrementalPrompt(renderer).incremental
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        # {error} is filled in, the shell braces are left alone
+        ("Bad reply ({error}). Example: f() { echo; }", "Bad reply (No action found in model response.). Example: f"),
+        # not a format string at all: used as it is
+        ("Bad reply ({error}). A lone } brace", "Bad reply ({error}). A lone } brace"),
+    ],
+)
+def test_format_error_message_with_literal_braces(backends, template, expected):
+    from mlgym_registry.components.template_set import TemplateSet
+    from mlgym_registry.transforms.base import template_set
+
+    base = template_set(registry.get("template", "mlgym_default"))
+    registry.register("template", "odd_braces", TemplateSet(**{**base.__dict__, "format_error_template": template}))
+    try:
+        env = registry.make(SPEC, backend="standin_chain", template="odd_braces")
+        td = env.reset()
+        nxt, _ = step(env, td, "no block")
+        assert nxt["message"].startswith(expected)
+        assert "f() { echo; }" in nxt["message"] or "lone }" in nxt["message"]
+        env.close()
+    finally:
+        registry.unregister("template", "odd_braces")

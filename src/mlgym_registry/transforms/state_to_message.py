@@ -72,7 +72,10 @@ class StateToMessage(ChainTransform):
 
     def _format_error(self, error: str) -> str:
         text = format_error_message(self.templates, self.base.task.parser)
-        return text.format_map(_KeepUnknown(self.template_fields(), error=error))
+        try:
+            return text.format_map(_KeepUnknown(self.template_fields(), error=error))
+        except (ValueError, IndexError, AttributeError):  # literal braces (code examples): the text is meant as is
+            return text
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
         observation_spec[self.layout.message] = NonTensor(
