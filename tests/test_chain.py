@@ -13,6 +13,7 @@ from torchrl.envs.utils import check_env_specs
 from mlgym_registry import TaskSpec, registry
 from mlgym_registry.chain import CHAIN_OPTIONS, build_env
 from mlgym_registry.components.isolators import guard_multiline_input
+from mlgym_registry.components.parsers import NO_ACTION
 from mlgym_registry.transforms.layout import LAYOUTS
 
 BASELINE = 2.0
@@ -382,7 +383,7 @@ def test_numbering_template_disables_incremental_rendering():
     ("template", "expected"),
     [
         # {error} is filled in, the shell braces are left alone
-        ("Bad reply ({error}). Example: f() { echo; }", "Bad reply (No action found in model response.). Example: f"),
+        ("Bad reply ({error}). Example: f() { echo; }", f"Bad reply ({NO_ACTION}). Example: f"),
         # not a format string at all: used as it is
         ("Bad reply ({error}). A lone } brace", "Bad reply ({error}). A lone } brace"),
     ],
