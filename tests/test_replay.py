@@ -1,0 +1,110 @@
+"""`mlgym-registry replay`: recorded MLGym runs go through our env, and the report compares them step by step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TRAJECTORIES
+
+from mlgym_registry import TaskSpec, registry
+from mlgym_registry.cli import main as cli_main
+from mlgym_registry.commands.replay import default_task, format_report, replay
+from mlgym_registry.observation_kinds import KINDS
+from mlgym_registry.trajectories import load_traj
+
+RECORDED = sorted(TRAJECTORIES.glob("*/*.traj"))
+
+
+def write_traj(path: Path, responses: list[tuple[str, str]], environment: str = "mlgym_main") -> Path:
+    """A minimal MLGym .traj with these (response, action) steps."""
+    steps = [{"action": action, "observation": "", "response": response, "state": "{}", "thought": response,
+              "execution_time": 0.1} for response, action in responses]
+    history = [{"role": "system", "content": "s", "agent": "primary"}]
+    for step in steps:
+        history += [{"role": "user", "content": "u", "agent": "primary"},
+                    {"role": "assistant", "content": step["response"], "agent": "primary"}]
+    path.write_text(json.dumps({"environment": environment, "trajectory": steps, "history": history,
+                                "info": {"exit_status": "submitted", "score": [{"Score": 2.5}]}}))
+    return path
+
+
+def test_default_task_prefers_mlgym_ids_and_warns_for_mlgym_recordings(tmp_path):
+    folder = tmp_path / "prisonersDilemma"
+    folder.mkdir()
+    recorded = write_traj(folder / "model_run0.traj", [])
+    task, warnings = default_task(recorded, "mlgym_main")
+    assert task == "prisonersDilemma" and "aimed at MLGym's starter files" in warnings[0]
+    assert default_task(recorded, "mlgym_registry:local") == ("prisonersDilemma", [])
+    registry.register("task", "mlgym/prisonersDilemma", registry.spec("prisonersDilemma").replace(components={}))
+    try:
+        assert default_task(recorded, "mlgym_main") == ("mlgym/prisonersDilemma", [])
+    finally:
+        registry.unregister("task", "mlgym/prisonersDilemma")
+    with pytest.raises(SystemExit, match="pass --task NAME"):
+        default_task(write_traj(tmp_path / "unknown.traj", []), "mlgym_main")
+
+
+def test_format_errors_and_made_up_exit_steps_replay_like_mlgym(tmp_path):
+    recorded = write_traj(tmp_path / "blotto.traj", [
+        ("DISCUSSION\nlook\n```\nls -a\n```", "ls -a\n"),
+        ("I forgot the command block.", ""),
+        ("Exit due to format error", "exit_format"),
+    ])
+    report = replay(recorded, "blotto", tmp_path / "out", seed=0)
+    assert [step.our_kind for step in report.steps] == ["plain", "format_error", "exit"]
+    assert report.our_exit_status == "autosubmission (exit_format)"
+    assert len(report.our_scores) == 1  # the autosubmission scored the starter code
+    text = format_report(report)
+    assert "same observation kind on" in text and "autosubmission (exit_format)" in text
+    saved = json.loads((tmp_path / "out" / "replay-report.json").read_text())
+    assert saved["our_exit_status"] == "autosubmission (exit_format)" and len(saved["steps"]) == 3
+    assert len(load_traj(tmp_path / "out" / "blotto.traj").steps) == 3
+
+
+def test_replay_command_on_a_task_given_by_name(tmp_path, capsys):
+    recorded = write_traj(tmp_path / "anything.traj", [("```\nvalidate\n```", "validate\n"),
+                                                       ("```\nsubmit\n```", "submit\n")])
+    assert cli_main(["replay", str(recorded), "--task", "battleOfSexes", "--out", str(tmp_path / "out"),
+                     "--quiet", "--seed", "0"]) == 0
+    shown = capsys.readouterr().out
+    assert "validate_score" in shown and "submitted" in shown
+    assert "final score       {'Score': 2.5}" in shown
+
+
+def test_a_broken_trajectory_is_refused_before_any_env_is_built(tmp_path, capsys):
+    broken = tmp_path / "prisonersDilemma.traj"
+    broken.write_text('{"environment": "mlgym_main"}')
+    assert cli_main(["replay", str(broken)]) == 2
+    assert "lacks the key(s)" in capsys.readouterr().err
+
+
+def test_replay_works_on_a_task_registered_from_a_spec(tmp_path):
+    spec = TaskSpec.from_dict({**registry.spec("prisonersDilemma").to_dict(), "id": "pdCopy", "components": {}})
+    registry.register("task", "pdCopy", spec)
+    try:
+        recorded = write_traj(tmp_path / "pdCopy.traj", [("```\nsubmit\n```", "submit\n")],
+                              environment="mlgym_registry:local")
+        report = replay(recorded, default_task(recorded, "mlgym_registry:local")[0], tmp_path / "out")
+    finally:
+        registry.unregister("task", "pdCopy")
+    assert report.task == "pdCopy" and report.our_exit_status == "submitted" and not report.warnings
+
+
+@pytest.mark.slow
+@pytest.mark.trajectories
+@pytest.mark.skipif(not RECORDED, reason="../shared/mlgym-trajectories is absent")
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_recorded_mlgym_run_replays_and_is_reported(path, tmp_path):
+    recorded = load_traj(path)
+    task, warnings = default_task(path, recorded.environment)
+    # replayed edits can land on other lines than in MLGym's starter files and make a strategy that never ends:
+    # a short evaluation timeout keeps such a replay short
+    report = replay(path, task, tmp_path, seed=0, warnings=warnings, training_timeout=10)
+    assert report.completed and (tmp_path / "replay-report.json").is_file()
+    assert report.steps and len(report.steps) <= len(recorded.steps)
+    assert all(step.recorded_kind in KINDS and step.our_kind in KINDS + ("format_error",) for step in report.steps)
+    # the first command of every recorded run (looking around) gives the same kind of observation here
+    assert report.steps[0].same_kind
+    assert load_traj(tmp_path / f"{task}.traj").steps
