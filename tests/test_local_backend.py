@@ -425,8 +425,14 @@ def mlgym_guard(action: str) -> str:
     return "\n".join(parts)
 
 
-def recorded_kind(step: dict) -> str:
-    """The kind of a recorded observation; older MLGym recorded an empty observation for a successful submit."""
+def recorded_kind(step: dict, final: bool = False, exit_status: str = "") -> str:
+    """The kind of a recorded observation.
+
+    Older MLGym versions recorded an empty observation for the step that ended the episode by evaluation: a submit
+    (``Exited (submit)`` today) or an autosubmission (``Exited (max_steps)``, ...).
+    """
+    if not step["observation"] and final and exit_status:
+        return "submitted" if exit_status == "submitted" else "exit"
     if not step["observation"] and step["action"].strip() == "submit":
         return "submitted"
     return observation_kind(step["observation"])
@@ -495,9 +501,11 @@ def replay_task(task_dir: Path, checkout: Path, scratch: Path, training_timeout:
         with LocalBackend(spec) as env:
             env.reset()
             env.install_tools()
-            for index, step in enumerate(json.loads((task_dir / run).read_text())["trajectory"]):
+            recording = json.loads((task_dir / run).read_text())
+            last, status = len(recording["trajectory"]) - 1, recording["info"].get("exit_status", "")
+            for index, step in enumerate(recording["trajectory"]):
                 observation, _, done, _ = env.step(mlgym_guard(step["action"]).strip())
-                want, got = recorded_kind(step), observation_kind(observation)
+                want, got = recorded_kind(step, index == last, status), observation_kind(observation)
                 steps += 1
                 same += want == got
                 if want != got:
@@ -517,8 +525,10 @@ def test_recorded_observations_all_have_a_kind():
         pytest.skip("recorded MLGym trajectories are not available")
     kinds = Counter()
     for path in sorted(TRAJECTORIES.glob("*/*.traj")):
-        for step in json.loads(path.read_text())["trajectory"]:
-            kind = recorded_kind(step)
+        recording = json.loads(path.read_text())
+        last, status = len(recording["trajectory"]) - 1, recording["info"].get("exit_status", "")
+        for index, step in enumerate(recording["trajectory"]):
+            kind = recorded_kind(step, index == last, status)
             kinds[kind] += 1
             if step["action"].strip() == "validate":
                 assert kind in ("validate_score", "validate_error"), step["observation"][:200]
