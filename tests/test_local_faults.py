@@ -71,7 +71,7 @@ def test_command_that_kills_the_shell(tmp_path, killer):
     with make(tmp_path) as env:
         old_pid = env._res.session.pid
         obs, _, done, _ = env.step(f"echo before; {killer}")
-        assert obs.startswith("before\nNOTE: the shell session exited")
+        assert obs.startswith("before\nNOTE: the shell session exited (")
         assert observation_kind(obs) == "session_restart" and not done
         assert env._res.session.pid != old_pid and not psutil.pid_exists(old_pid)
         assert_usable(env)
@@ -122,6 +122,22 @@ def test_tampering_with_evaluator_and_protected_file_does_not_count(tmp_path):
         assert "100.0" in env.communicate("cat evaluate.py")  # the agent sees its change; it just does not count
         for copy in env._pristine.values():
             assert ws not in copy.parents
+
+
+def test_tampering_with_the_data_does_not_count(tmp_path):
+    spec = tiny_spec(tmp_path)
+    (tmp_path / "task_src" / "evaluate.py").write_text(
+        "import json\nnumbers = open('data/numbers.txt').read().split()\n"
+        "print(json.dumps({'Score': float(sum(map(int, numbers)))}))\n"
+    )
+    with LocalBackend(spec) as env:
+        env.reset()
+        env.install_tools()
+        assert oct((env.task_workspace / "data" / "numbers.txt").stat().st_mode & 0o777) == "0o555"
+        env.step("chmod -R u+w data && echo 100 > data/numbers.txt")
+        assert env.communicate("cat data/numbers.txt") == "100"
+        _, _, _, info = env.step("validate")
+        assert info["score"] == [{"Score": 6.0}]
 
 
 def test_evaluator_traceback_shows_workspace_paths(tmp_path):

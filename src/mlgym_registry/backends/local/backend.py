@@ -388,10 +388,11 @@ class LocalBackend:
                 shutil.copytree(source, target, dirs_exist_ok=True)
             else:
                 shutil.copy2(source, target)
-        self._copy_datasets()
         self._protect()
+        self._copy_datasets()
 
     def _copy_datasets(self) -> None:
+        """Local datasets into ``workspace/data``, read-only; evaluations see the task's own copy, not the agent's."""
         data = self.task_workspace / "data"
         for dataset in self.spec.datasets:
             if not dataset.get("is_local") or not dataset.get("data_path"):
@@ -404,7 +405,9 @@ class LocalBackend:
                 shutil.copytree(source, target)
             else:
                 target.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, target / source.name)
+                target = target / source.name
+                shutil.copy2(source, target)
+            self._pristine[str(target.relative_to(self.task_workspace))] = source
         if data.exists():
             _chmod_tree(data, 0o555)
 
@@ -489,7 +492,9 @@ class LocalBackend:
         return self._restart_note(how, status)
 
     def _restart_note(self, how: str, status: int | None) -> str:
-        code = f" (exit status {status})" if status is not None else ""
+        code = ""
+        if status is not None:
+            code = f" (killed by signal {-status})" if status < 0 else f" (exit status {status})"
         return (
             f"NOTE: the shell session {how}{code}, so a new shell was started in the workspace "
             f"{self.task_workspace}. Files are unchanged; the working directory, shell variables and background jobs "

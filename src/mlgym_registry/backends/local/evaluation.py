@@ -54,7 +54,7 @@ class Evaluator:
     entrypoint: str
     workspace: Path
     evaluation_paths: list[str]
-    pristine: dict[str, Path]  # workspace-relative path -> pristine copy
+    pristine: dict[str, Path]  # workspace-relative path -> pristine copy (or the task's own data folder)
     scratch_root: Path
     python: str
     env: dict[str, str]
@@ -179,7 +179,7 @@ def _restore(source: Path, target: Path) -> None:
         target.unlink()
     target.parent.mkdir(parents=True, exist_ok=True)
     if source.is_dir():
-        shutil.copytree(source, target)
+        _link_tree(source, target)
     else:
         shutil.copy2(source, target)
 

@@ -49,11 +49,14 @@ def make_preexec(limits: Limits, nproc: int | None, cgroup_procs: str | None) ->
 
     def preexec() -> None:
         if pid_file is not None:
-            fd = os.open(pid_file, os.O_WRONLY)
             try:
-                os.write(fd, b"0")  # "0" means the writing process itself
-            finally:
-                os.close(fd)
+                fd = os.open(pid_file, os.O_WRONLY)
+                try:
+                    os.write(fd, b"0")  # "0" means the writing process itself
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass  # the cgroup went away: run without it rather than not at all
         if memory:
             _set(resource.RLIMIT_AS, memory)
         if cpu:
