@@ -72,6 +72,10 @@ class EnvFactory:
     record_info: bool = True
     index: int = 0
 
+    def __hash__(self) -> int:  # the fields are dicts: hash their JSON (ParallelEnv puts factories in a set)
+        return hash((json.dumps(self.spec, sort_keys=True, default=str),
+                     json.dumps(self.options, sort_keys=True, default=str), self.record_info, self.index))
+
     @classmethod
     def from_spec(cls, spec: TaskSpec | str, **options: Any) -> EnvFactory:
         """A factory for ``spec`` (a ``TaskSpec`` or a registered name)."""

@@ -1,0 +1,109 @@
+"""Envs rebuilt in worker processes from a spec dict; the text-policy module; ParallelEnv and collectors over them."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import traceback
+
+import pytest
+
+from mlgym_registry import TaskSpec, registry
+from mlgym_registry.parallel import INFO_KEY, WORKER_KEY, EnvFactory, TextPolicy, run_parallel
+from mlgym_registry.transforms.history import as_dicts
+
+
+def first_turn(factory: EnvFactory) -> tuple[list[str], str]:
+    """In a worker: build the env, reset it, play one command; the roles of the conversation and the output."""
+    env = factory()
+    try:
+        td = env.reset()
+        roles = [message["role"] for message in as_dicts(td["history", "prompt"])]
+        td["text", "response"] = "DISCUSSION\nlook\n```\nls\n```"
+        td = env.step(td)
+        return roles, str(td["next", "observation"])
+    finally:
+        env.close()
+
+
+def answer_first_turn(factory: EnvFactory, connection) -> None:
+    """Worker entry point: send ``first_turn``'s result, or the traceback of what went wrong."""
+    try:
+        connection.send(("ok", first_turn(factory)))
+    except Exception:  # noqa: BLE001 - sent back to the test, which reports it
+        connection.send(("error", traceback.format_exc()))
+
+
+def local_only_task() -> TaskSpec:
+    """A task registered in this process only (the worker never sees the registration)."""
+    spec = registry.spec("blotto").to_dict()
+    return TaskSpec.from_dict({**spec, "id": "blottoLocalOnly", "components": {}})
+
+
+def test_a_spawned_worker_rebuilds_an_env_registered_only_here():
+    registry.register("task", "blottoLocalOnly", local_only_task())
+    try:
+        factory = EnvFactory.from_spec("blottoLocalOnly")
+    finally:
+        registry.unregister("task", "blottoLocalOnly")
+    assert pickle.loads(pickle.dumps(factory)) == factory
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing registered by this process
+    receiver, sender = context.Pipe(duplex=False)
+    worker = context.Process(target=answer_first_turn, args=(factory, sender))
+    worker.start()
+    try:
+        assert receiver.poll(300), f"the worker gave no answer (exit code {worker.exitcode})"
+        status, answer = receiver.recv()
+    finally:
+        worker.join(30)
+        if worker.is_alive():
+            worker.kill()
+    assert status == "ok", answer
+    roles, observation = answer
+    assert roles == ["system", "user"]
+    assert "strategy.py" in observation
+
+
+def test_text_policy_module_plays_an_episode_and_records_info():
+    factory = EnvFactory.from_spec("prisonersDilemma", max_steps=4)
+    module = pickle.loads(pickle.dumps(TextPolicy("scripted", task_id="prisonersDilemma")))
+    env = factory()
+    try:
+        td = env.reset()
+        assert td[WORKER_KEY] == "0" and td[INFO_KEY] == ""
+        actions = []
+        for _ in range(6):
+            td = module(td)
+            actions.append(str(td["text", "response"]).split("```\n")[1].splitlines()[0])
+            td = env.step(td)
+            if td["next", "done"].item():
+                break
+            td = td["next"].exclude("reward", "done", "terminated", "truncated")
+        assert actions[:3] == ["ls -a", 'open "strategy.py"', "edit 1:24"]
+        assert '"exit_status": "autosubmission (max_steps)"' in td["next", INFO_KEY]
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+def test_parallel_env_over_the_factory():
+    from torchrl.envs import ParallelEnv
+
+    factories = [EnvFactory.from_spec("battleOfSexes"), EnvFactory.from_spec("battleOfSexes")]
+    env = ParallelEnv(2, factories, use_buffers=False, consolidate=False)
+    try:
+        td = env.reset()
+        td["text", "response"] = ["DISCUSSION\nlook\n```\nls\n```"] * 2
+        td = env.step(td)
+        observations = td["next", "observation"]
+        assert len(observations) == 2 and all("strategy.py" in text for text in observations)
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+def test_run_parallel_plays_each_env_to_the_end(tmp_path):
+    results = run_parallel("blotto", "scripted", 2, out=tmp_path, seed=3, episodes_per_env=2)
+    assert len(results) == 4 and all(result.finished for result in results)
+    assert all(result.improvement > 0 for result in results)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env0-0", "env0-1", "env1-0", "env1-1"]
