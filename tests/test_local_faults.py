@@ -225,6 +225,19 @@ def test_garbage_collection_leaves_nothing(tmp_path):
     assert _leftovers(pids, root) == []
 
 
+def test_forked_child_exiting_does_not_release_the_parents_backend(tmp_path):
+    with make(tmp_path) as env:
+        child = os.fork()
+        if child == 0:  # what a child's normal interpreter exit would do: run the inherited finalizer
+            try:
+                env.close()
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+        assert env.task_workspace.exists()
+        assert_usable(env)
+
+
 @pytest.mark.parametrize("ending", ["pass", "raise KeyboardInterrupt"])
 def test_interpreter_exit_leaves_nothing(tmp_path, ending):
     src = tmp_path / "src"

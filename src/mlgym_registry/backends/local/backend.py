@@ -23,7 +23,6 @@ from . import limits as limits_mod
 from . import toolset
 from .evaluation import (
     EvaluationFormatError,
-    EvaluationUnsupported,
     Evaluator,
     SubmissionNotFoundError,
     force_rmtree,
@@ -82,6 +81,7 @@ class _Resources:
 
     def __init__(self, root: Path):
         self.root = root
+        self.owner = os.getpid()
         self.session: ShellSession | None = None
         self.cgroup: limits_mod.PidsCgroup | None = None
 
@@ -91,6 +91,8 @@ class _Resources:
             self.session = None
 
     def release(self) -> None:
+        if os.getpid() != self.owner:
+            return  # a forked child inherited this finalizer: the resources belong to the parent
         self.stop_session()
         if self.cgroup is not None:
             from . import procs
@@ -323,7 +325,7 @@ class LocalBackend:
                 return str(exc.args[0]), 0, False, info
             info["exit_status"] = f"evaluation_format_error ({action})"
             return f"Exited ({action})", 0, True, info
-        except (EvaluationUnsupported, TimeoutError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - MLGym reports any other failure the same way
             if action == "validate":
                 return f"Error: {exc}", 0, False, info
             info["exit_status"] = f"{type(exc).__name__}, {exc}, ({action})"
