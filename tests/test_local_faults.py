@@ -225,6 +225,18 @@ def test_garbage_collection_leaves_nothing(tmp_path):
     assert _leftovers(pids, root) == []
 
 
+def test_cgroups_left_by_killed_processes_are_swept(tmp_path):
+    with make(tmp_path) as env:
+        if env._res.cgroup is None:
+            pytest.skip("no pids cgroup on this machine")
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        stale = env._res.cgroup.path.parent / f"mlgym-registry-{dead.pid}-deadbeef"
+        stale.mkdir()
+    with make(tmp_path / "second"):
+        assert not stale.exists()
+
+
 def test_forked_child_exiting_does_not_release_the_parents_backend(tmp_path):
     with make(tmp_path) as env:
         child = os.fork()

@@ -101,6 +101,7 @@ class PidsCgroup:
         """A new cgroup limited to ``max_pids`` tasks, or None when this process may not make one."""
         name = f"mlgym-registry-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         for parent in _candidate_parents():
+            _sweep_empty(parent)
             path = parent / name
             try:
                 path.mkdir()
@@ -150,6 +151,30 @@ class PidsCgroup:
     def remove(self) -> None:
         """Delete the (empty) cgroup."""
         _rmdir(self.path)
+
+
+def _sweep_empty(parent: Path) -> None:
+    """Remove cgroups left by processes that were killed before they could clean up.
+
+    Only empty ones whose creator is gone: ``rmdir`` of a cgroup that still has processes fails, so nothing runs into
+    harm.
+    """
+    try:
+        stale = [p for p in parent.glob("mlgym-registry-*-*") if not _pid_alive(p.name.split("-")[2])]
+    except OSError:
+        return
+    for path in stale:
+        _rmdir(path)
+
+
+def _pid_alive(text: str) -> bool:
+    try:
+        os.kill(int(text), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _rmdir(path: Path) -> None:
