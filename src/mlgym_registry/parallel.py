@@ -222,6 +222,7 @@ def run_parallel(
     ``on_step(finished_episodes, steps_so_far)`` is called as steps arrive.
     """
     from torchrl.collectors import Collector
+    from torchrl.weight_update import NoWeightSyncScheme
 
     from .registry import registry
 
@@ -229,7 +230,10 @@ def run_parallel(
     factories = [EnvFactory(spec.to_dict(), dict(options or {}), index=index) for index in range(num_envs)]
     module = TextPolicy(policy, task_id=spec.id)
     receiver = _Receiver(spec, registry.component(spec, "parser"), module, out, episodes_per_env)
-    collector = Collector(factories, module, frames_per_batch=1, total_frames=-1, num_collectors=num_envs, sync=False)
+    # the text policy has no weights to send; TorchRL's default shared-memory scheme for nn.Module policies can also
+    # deadlock a worker when it is garbage-collected (its __del__ starts a queue thread)
+    collector = Collector(factories, module, frames_per_batch=1, total_frames=-1, num_collectors=num_envs, sync=False,
+                          weight_sync_schemes={"policy": NoWeightSyncScheme()})
     if seed is not None:
         collector.set_seed(seed)
     try:
