@@ -188,3 +188,16 @@ def test_transformers_policy_generates_text_from_a_local_model(tmp_path):
     assert isinstance(first, str) and 0 < len(first) <= 12
     assert policy(messages) == first  # greedy decoding is deterministic
     policy.close()
+
+
+def test_scripted_prefers_lower_scores_when_the_task_says_so():
+    policy = ScriptedPolicy()
+    policy.reset(TaskSpec(id="blotto", baseline_scores=[{"Loss": 1.0}], extra={"metric_direction": "min"}))
+    talk = Conversation(policy)
+    talk.turn()
+    talk.turn("evaluate.py strategy.py target.py")
+    talk.turn("[File: /w/strategy.py (36 lines total)]")
+    talk.turn(window(7))
+    talk.turn("Evaluation Score: {'Loss': 0.5}")
+    talk.turn(window(2))
+    assert talk.turn("Evaluation Score: {'Loss': 0.9}").startswith("edit 1:2\n")  # the first (lower) one is restored

@@ -22,9 +22,10 @@ class ScriptedPolicy(Policy):
 
     name = "scripted"
 
-    def __init__(self, task_id: str | None = None, metric: str | None = None):
+    def __init__(self, task_id: str | None = None, metric: str | None = None, lower_is_better: bool = False):
         self.task_id = task_id
         self.metric = metric
+        self.lower_is_better = lower_is_better
         self._plan: Plan | None = None
 
     def reset(self, spec: Any = None) -> None:
@@ -32,7 +33,8 @@ class ScriptedPolicy(Policy):
         if spec is not None:
             self.task_id = spec.id
             baseline = spec.baseline or {}
-            self.metric = self.metric or next(iter(baseline), None)
+            self.metric = self.metric or spec.extra.get("priority_metric") or next(iter(baseline), None)
+            self.lower_is_better = str(spec.extra.get("metric_direction", "max")).lower() == "min"
         self._plan = None
 
     def respond(self, messages: Messages) -> str:
@@ -80,10 +82,10 @@ class ScriptedPolicy(Policy):
         if best is not None and current is not best[1] and (remaining_steps(observation) or 0) >= 2:
             label = best[1].label
             observation = yield fenced(
-                f"The strategy '{label}' scored best ({best[0]:.4f}); I put it back before submitting.",
+                f"The strategy '{label}' scored best; I put it back before submitting.",
                 edit_command(1, total, best[1].code),
             )
-        summary = f"The best validated score was {best[0]:.4f}." if best else "No strategy validated."
+        summary = f"The best strategy was '{best[1].label}'." if best else "No strategy validated."
         yield fenced(f"{summary} I am done, so I submit.", "submit")
 
     def _validate_and_submit(self, observation: str) -> Plan:
@@ -98,7 +100,10 @@ class ScriptedPolicy(Policy):
             return None
         key = self.metric if self.metric in metrics else next(iter(metrics))
         value = metrics[key]
-        return float(value) if isinstance(value, (int, float)) else None
+        if not isinstance(value, (int, float)):
+            return None
+        # scores are compared with ">": flip metrics where lower is better
+        return -float(value) if self.lower_is_better else float(value)
 
 
 def edit_command(start: int, end: int, text: str) -> str:
