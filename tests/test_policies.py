@@ -148,7 +148,7 @@ def test_human_reads_commands_and_edit_blocks():
     assert PARSER(policy(messages))[1] == "edit 1:2\n    return 1\nend_of_edit\n"
     assert PARSER(policy(messages))[1] == "validate\n"
     assert "the prompt" in shown.getvalue()
-    with pytest.raises(EOFError):
+    with pytest.raises(PolicyExhausted, match="input ended"):
         policy(messages)
 
 

@@ -97,7 +97,7 @@ class EpisodeResult:
 
     def summary(self) -> str:
         """One line: exit status, score and baseline."""
-        status = self.info.get("exit_status") or self.stop_reason or "not finished"
+        status = self.info.get("exit_status") or "not finished"
         metric = self.metric
         if self.score is None or metric is None:
             return f"exit status: {status}; no score (baseline: {self.baseline})"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from .base import Messages, Policy, fenced, last_user_message
+from .base import Messages, Policy, PolicyExhausted, fenced, last_user_message
 
 BLOCK_ENDS = {"edit": "end_of_edit", "insert": "end_of_insert"}
 
@@ -51,7 +51,7 @@ class HumanPolicy(Policy):
             self.stdout.flush()
         line = self.stdin.readline()
         if not line:
-            raise EOFError("no more input on the terminal")
+            raise PolicyExhausted("the input ended (end of file) before the episode did")
         return line.rstrip("\n")
 
     def _print(self, text: str) -> None:
