@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +98,10 @@ class _Resources:
         if self.cgroup is not None:
             from . import procs
 
-            procs.kill_all(self.cgroup.members())
+            deadline = time.monotonic() + 2
+            while self.cgroup.members() and time.monotonic() < deadline:
+                procs.kill_all(self.cgroup.members())
+                time.sleep(0.01)
             self.cgroup.remove()
             self.cgroup = None
         force_rmtree(self.root)
