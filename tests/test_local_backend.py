@@ -563,3 +563,29 @@ def test_replay_recorded_trajectories(tmp_path, capsys):
     for task, r in report.items():
         assert r["same"] / r["steps"] >= 0.95, (task, r["mismatches"])
         assert statistics.median(r["gaps"] or [0.0]) <= 0.02, (task, sorted(r["gaps"])[-5:])
+
+
+def test_secret_files_are_only_in_the_evaluation_copy(tmp_path):
+    spec = write_task(
+        tmp_path,
+        "CSVSubmissionTasks",
+        """\
+        import argparse, json
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--submission_file")
+        guess = open(parser.parse_args().submission_file).read().split()
+        truth = open("answers.txt").read().split()
+        print(json.dumps({"acc": sum(g == t for g, t in zip(guess, truth)) / len(truth)}))
+        """,
+        {"answers.txt": "1\n0\n1\n1\n"},
+    )
+    spec.secret_files = ["answers.txt"]
+    with LocalBackend(spec) as env:
+        env.reset()
+        env.install_tools()
+        assert "answers.txt" not in env.communicate("ls")
+        assert "No such file" in env.communicate("cat answers.txt")
+        env.step("printf '1\\n1\\n1\\n1\\n' > submission.csv")
+        obs, _, _, info = env.step("validate")
+        assert info["score"] == [{"acc": 0.75}]
+        assert not (env.task_workspace / "answers.txt").exists()

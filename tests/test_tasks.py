@@ -214,7 +214,7 @@ def test_house_data_is_generated_once_into_the_cache(reg, cache):
     train = (folder / "train.csv").read_text().splitlines()
     assert len(train) == housing.SPLITS["train"] + 1 and train[0].endswith(",Price")
     assert "Price" not in (folder / "test.csv").read_text().splitlines()[0]
-    assert spec.protected_files == ["data/answer.csv"]
+    assert spec.secret_files == ["data/answer.csv"]
 
 
 def test_house_data_is_a_pure_function_of_the_seed(tmp_path):

@@ -396,6 +396,7 @@ class LocalBackend:
                 shutil.copy2(source, target)
         self._protect()
         self._copy_datasets()
+        self._hide_secrets()
 
     def _copy_datasets(self) -> None:
         """Local datasets into ``workspace/data``, read-only; evaluations see the task's own copy, not the agent's."""
@@ -416,6 +417,26 @@ class LocalBackend:
             self._pristine[str(target.relative_to(self.task_workspace))] = source
         if data.exists():
             _chmod_tree(data, 0o555)
+
+    def _hide_secrets(self) -> None:
+        """Take ``spec.secret_files`` (e.g. a test set's answers) out of the workspace; evaluations still see them."""
+        for relative in self.spec.secret_files:
+            path = self.task_workspace / relative
+            if not path.exists():
+                continue
+            covered = any(relative == key or relative.startswith(key.rstrip("/") + "/") for key in self._pristine)
+            if not covered:
+                copy = self._pristine_dir / relative
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                if path.is_dir():
+                    shutil.copytree(path, copy)
+                else:
+                    shutil.copy2(path, copy)
+                self._pristine[relative] = copy
+            if path.is_dir():
+                force_rmtree(path)
+            else:
+                path.unlink()
 
     def _protect(self) -> None:
         """Keep pristine copies of the evaluation and protected files; show them read-only in the workspace."""
