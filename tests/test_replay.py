@@ -101,7 +101,7 @@ def test_every_recorded_mlgym_run_replays_and_is_reported(path, tmp_path):
     task, warnings = default_task(path, recorded.environment)
     # replayed edits can land on other lines than in MLGym's starter files and make a strategy that never ends:
     # a short evaluation timeout keeps such a replay short
-    report = replay(path, task, tmp_path, seed=0, warnings=warnings, training_timeout=10)
+    report = replay(path, task, tmp_path, seed=0, warnings=warnings, training_timeout=5)
     assert report.completed and (tmp_path / "replay-report.json").is_file()
     assert report.steps and len(report.steps) <= len(recorded.steps)
     assert all(step.recorded_kind in KINDS and step.our_kind in KINDS + ("format_error",) for step in report.steps)
