@@ -123,10 +123,15 @@ def test_sigint_mid_episode_keeps_the_steps_and_leaves_nothing_behind(tmp_path):
 
 @pytest.mark.slow
 def test_num_envs_runs_episodes_in_workers_and_records_each(tmp_path):
-    result = run_cli("run", "prisonersDilemma", "--num-envs", "2", "--seed", "0", "--out", str(tmp_path),
-                     timeout=300)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    out = tmp_path / "out"
+    result = run_cli("run", "prisonersDilemma", "--num-envs", "2", "--seed", "0", "--out", str(out),
+                     timeout=300, env={**os.environ, "TMPDIR": str(temp)})
     assert result.returncode == 0, result.stderr
     assert "episodes done" in result.stderr
+    assert not list(temp.glob("mlgym-registry-*")), "a worker left its workspace behind"
+    tmp_path = out
     for index in range(2):
         folder = tmp_path / f"env{index}"
         assert load_traj(folder / "prisonersDilemma.traj").info["exit_status"] == "submitted"
