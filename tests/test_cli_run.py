@@ -131,9 +131,8 @@ def test_num_envs_runs_episodes_in_workers_and_records_each(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "episodes done" in result.stderr
     assert not list(temp.glob("mlgym-registry-*")), "a worker left its workspace behind"
-    tmp_path = out
     for index in range(2):
-        folder = tmp_path / f"env{index}"
+        folder = out / f"env{index}"
         assert load_traj(folder / "prisonersDilemma.traj").info["exit_status"] == "submitted"
         baseline, score = baseline_and_score(folder)
         assert score > baseline
