@@ -170,3 +170,42 @@ def test_check_task_loads_a_yaml_path():
     path = Path(registry.spec("battleOfSexes").source)
     report = check_task(path, runs=2)
     assert report.ok and report.spec.id == "battleOfSexes"
+
+
+def test_the_local_backend_conforms():
+    from mlgym_registry.testing import check_backend
+
+    check_backend(registry.get("backend", "local"), "prisonersDilemma")
+
+
+@pytest.mark.parametrize("task", ["prisonersDilemma", "battleOfSexes", "blotto"])
+def test_every_task_of_our_suite_checks_out(task):
+    report = check_task(task, runs=2)
+    assert report.ok and report.notes[0].startswith("Score: recorded")
+
+
+def test_a_backend_that_leaves_its_workspace_fails():
+    from mlgym_registry.testing import check_backend
+
+    local = registry.get("backend", "local")
+    made = []
+
+    class Leaky:
+        """Broken: close() does nothing, so the workspace and the shell stay behind."""
+
+        def __init__(self, spec, **options):
+            self.inner = local(spec, **options)
+            made.append(self.inner)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def close(self):
+            pass
+
+    try:
+        with pytest.raises(ConformanceError, match="close\\(\\) left the workspace"):
+            check_backend(Leaky, "prisonersDilemma")
+    finally:
+        for backend in made:
+            backend.close()
