@@ -201,3 +201,20 @@ def test_scripted_prefers_lower_scores_when_the_task_says_so():
     talk.turn("Evaluation Score: {'Loss': 0.5}")
     talk.turn(window(2))
     assert talk.turn("Evaluation Score: {'Loss': 0.9}").startswith("edit 1:2\n")  # the first (lower) one is restored
+
+
+@pytest.mark.slow
+def test_scripted_follows_the_task_a_multi_task_env_picks():
+    from mlgym_registry import registry
+    from mlgym_registry.episode import run_episode
+
+    env = registry.make(tasks=["blotto", "battleOfSexes"])
+    try:
+        played = set()
+        for seed in range(4):
+            result = run_episode(env, make_policy("scripted"), seed=seed)
+            played.add(result.spec.id)
+            assert result.improvement > 0, result.summary()
+    finally:
+        env.close()
+    assert played == {"blotto", "battleOfSexes"}

@@ -149,11 +149,11 @@ def run_episode(
     closed: the caller owns it.
     """
     base, layout = env_parts(env)
-    spec = spec or base.task.spec
-    parser = base.task.parser
     if seed is not None:
         env.set_seed(seed)
     td = env.reset()
+    spec = spec or base.task.spec  # after the reset: a multi-task env has just picked its task
+    parser = base.task.parser
     messages = conversation(td, layout)
     if writer is not None:
         for message in messages:
