@@ -276,3 +276,41 @@ def test_interpreter_exit_leaves_nothing(tmp_path, ending):
     from pathlib import Path
 
     assert _leftovers([facts["shell"], facts["sleep"]], Path(facts["root"])) == []
+
+
+def test_sigkilled_owner_leaves_nothing_once_the_next_backend_starts(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    script = textwrap.dedent(
+        f"""
+        import json, sys, time
+        sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+        from test_local_backend import tiny_spec
+        from pathlib import Path
+        from mlgym_registry.backends.local import LocalBackend
+        env = LocalBackend(tiny_spec(Path({str(src)!r})))
+        env.reset()
+        env.communicate("sleep 1000 >/dev/null 2>&1 &")
+        print(json.dumps({{"root": str(env._res.root), "shell": env._res.session.pid,
+                          "sleep": int(env.communicate("echo $!"))}}), flush=True)
+        time.sleep(1000)
+        """
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        facts = json.loads(owner.stdout.readline())
+    finally:
+        owner.kill()  # SIGKILL: no close(), no finalizer, no atexit
+        owner.wait()
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(facts["shell"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(facts["shell"])  # the shell dies with its owner (parent-death signal)
+    (tmp_path / "next").mkdir()
+    with LocalBackend(tiny_spec(tmp_path / "next")) as env:
+        env.reset()  # starting a backend sweeps what the dead owner left
+        has_cgroup = env._res.cgroup is not None
+    time.sleep(0.2)
+    assert not os.path.exists(facts["root"])
+    if has_cgroup:  # the dead owner's background processes are found through its cgroup
+        assert not psutil.pid_exists(facts["sleep"]) or psutil.Process(facts["sleep"]).status() == "zombie"

@@ -107,6 +107,25 @@ class _Resources:
         force_rmtree(self.root)
 
 
+ROOT_PREFIX = "mlgym-registry-"
+OWNER_FILE = "owner.pid"
+
+
+def sweep_orphans(parent: Path) -> None:
+    """Remove backend folders whose owning process is gone (it was SIGKILLed before it could clean up)."""
+    try:
+        candidates = list(parent.glob(f"{ROOT_PREFIX}*/{OWNER_FILE}"))
+    except OSError:
+        return
+    for owner_file in candidates:
+        try:
+            owner = owner_file.read_text().strip()
+        except OSError:
+            continue
+        if owner.isdigit() and not limits_mod.pid_alive(owner):
+            force_rmtree(owner_file.parent)
+
+
 class LocalBackend:
     """An MLGym-compatible environment in a temporary workspace on this machine.
 
@@ -152,7 +171,9 @@ class LocalBackend:
         self.tools: ToolSet | None = None
         self.notes: list[str] = []
 
-        root = Path(tempfile.mkdtemp(prefix="mlgym-registry-", dir=workspace_dir))
+        sweep_orphans(Path(workspace_dir or tempfile.gettempdir()))
+        root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX, dir=workspace_dir))
+        (root / OWNER_FILE).write_text(str(os.getpid()))
         self._res = _Resources(root)
         self._finalizer = weakref.finalize(self, self._res.release)
         self.task_workspace = root / "workspace"
@@ -426,13 +447,7 @@ class LocalBackend:
                 continue
             covered = any(relative == key or relative.startswith(key.rstrip("/") + "/") for key in self._pristine)
             if not covered:
-                copy = self._pristine_dir / relative
-                copy.parent.mkdir(parents=True, exist_ok=True)
-                if path.is_dir():
-                    shutil.copytree(path, copy)
-                else:
-                    shutil.copy2(path, copy)
-                self._pristine[relative] = copy
+                self._keep_pristine(relative)
             if path.is_dir():
                 force_rmtree(path)
             else:
@@ -449,14 +464,18 @@ class LocalBackend:
             source = self.task_workspace / relative
             if not source.exists():
                 continue
-            copy = self._pristine_dir / relative
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir():
-                shutil.copytree(source, copy)
-            else:
-                shutil.copy2(source, copy)
-            self._pristine[relative] = copy
+            self._keep_pristine(relative)
             _chmod_tree(source, mode)
+
+    def _keep_pristine(self, relative: str) -> None:
+        """Copy ``workspace/relative`` aside; evaluations put this copy back over whatever the agent left there."""
+        source, copy = self.task_workspace / relative, self._pristine_dir / relative
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, copy)
+        else:
+            shutil.copy2(source, copy)
+        self._pristine[relative] = copy
 
     def _environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("BASH_FUNC_", "MLGR_"))}

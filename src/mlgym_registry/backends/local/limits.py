@@ -9,11 +9,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import resource
 import shutil
+import signal
 import subprocess
+import threading
 import time
 import uuid
 import warnings
@@ -46,8 +49,16 @@ def make_preexec(limits: Limits, nproc: int | None, cgroup_procs: str | None) ->
     pid_file = cgroup_procs.encode() if cgroup_procs else None
     memory = limits.memory_limit_mb * 1024 * 1024 if limits.memory_limit_mb else None
     cpu = limits.cpu_seconds
+    prctl = _prctl() if threading.current_thread() is threading.main_thread() else None
+    parent = os.getpid()
 
     def preexec() -> None:
+        if prctl is not None:
+            # die with the Python process even when it is SIGKILLed and never gets to close() us; only for children of
+            # the main thread, since the signal fires when the forking *thread* ends
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(1)
         if pid_file is not None:
             try:
                 fd = os.open(pid_file, os.O_WRONLY)
@@ -65,6 +76,18 @@ def make_preexec(limits: Limits, nproc: int | None, cgroup_procs: str | None) ->
             _set(resource.RLIMIT_NPROC, nproc)
 
     return preexec
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """Linux's ``prctl`` from the C library, or None where there is none."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 def user_process_count() -> int:
@@ -156,18 +179,29 @@ class PidsCgroup:
 def _sweep_empty(parent: Path) -> None:
     """Remove cgroups left by processes that were killed before they could clean up.
 
-    Only empty ones whose creator is gone: ``rmdir`` of a cgroup that still has processes fails, so nothing runs into
-    harm.
+    Only those whose creator is gone; what still runs in them is a straggler of that dead creator and is killed first.
     """
     try:
-        stale = [p for p in parent.glob("mlgym-registry-*-*") if not _pid_alive(p.name.split("-")[2])]
+        stale = [p for p in parent.glob("mlgym-registry-*-*") if not pid_alive(p.name.split("-")[2])]
     except OSError:
         return
     for path in stale:
+        group = PidsCgroup(path)
+        for _ in range(50):
+            members = group.members()
+            if not members:
+                break
+            for pid in members:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.01)
         _rmdir(path)
 
 
-def _pid_alive(text: str) -> bool:
+def pid_alive(text: str) -> bool:
+    """True when the process with pid ``text`` exists."""
     try:
         os.kill(int(text), 0)
     except (ValueError, ProcessLookupError):
