@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,8 @@ def test_every_page_the_readme_links_exists():
                                   for p in PAGES], ids=lambda p: p.name)
 def test_code_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # what the examples make in the temp folder goes with the test's
+    monkeypatch.setattr(tempfile, "tempdir", None)
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
     found = blocks(page)
     assert found, f"{page.name} has no code block"
