@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mlgym_registry import observation_kinds, recorded_files
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.protocol import INFO_KEYS, Backend
 from mlgym_registry.observation_kinds import KINDS, observation_kind
@@ -398,7 +399,6 @@ _COMMAND_PATTERNS = [
     *(re.compile(rf"^\s*({name})\s*(.*?)^({end})\s*$", re.DOTALL | re.MULTILINE) for name, end in _MULTILINE.items()),
     re.compile(r"^\s*(submit)(\s*)$", re.MULTILINE),
 ]
-_WINDOW_HEAD = re.compile(r"^\[File: /home/agent/workspace/(\S+) \((\d+) lines total\)\]$")
 
 
 def mlgym_guard(action: str) -> str:
@@ -426,32 +426,14 @@ def mlgym_guard(action: str) -> str:
 
 
 def recorded_kind(step: dict, final: bool = False, exit_status: str = "") -> str:
-    """The kind of a recorded observation.
-
-    Older MLGym versions recorded an empty observation for the step that ended the episode by evaluation: a submit
-    (``Exited (submit)`` today) or an autosubmission (``Exited (max_steps)``, ...).
-    """
-    if not step["observation"] and final and exit_status:
-        return "submitted" if exit_status == "submitted" else "exit"
-    if not step["observation"] and step["action"].strip() == "submit":
-        return "submitted"
-    return observation_kind(step["observation"])
+    """The kind of a recorded step's observation (older MLGym recorded empty ones for evaluations)."""
+    return observation_kinds.recorded_kind(step["observation"], step["action"], final=final, exit_status=exit_status)
 
 
 def first_windows(path: Path) -> dict[str, str]:
     """Each file's text as shown by its first ``open`` in one recorded run, before the run touched it."""
-    found: dict[str, str] = {}
-    mentioned: set[str] = set()
-    for step in json.loads(path.read_text())["trajectory"]:
-        action, lines = step["action"].strip(), (step["observation"] or "").split("\n")
-        opened = re.match(r'^open\s+"?([\w./]+?)"?\s*$', action)
-        head = _WINDOW_HEAD.match(lines[0])
-        if opened and head and head[1] == opened[1].lstrip("./") and head[1] not in mentioned | set(found):
-            body = lines[1:]
-            if len(body) == int(head[2]) and all(re.match(r"^\d+:", line) for line in body):
-                found[head[1]] = "".join(line.split(":", 1)[1] + "\n" for line in body)
-        mentioned.update(re.findall(r"\w+\.py", action))
-    return found
+    steps = json.loads(path.read_text())["trajectory"]
+    return recorded_files.first_windows((step["action"], step["observation"]) for step in steps)
 
 
 def recorded_starters(task_dir: Path, current: dict[str, str]) -> dict[str, dict[str, str]]:

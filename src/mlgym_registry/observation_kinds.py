@@ -78,3 +78,16 @@ def observation_kind(observation: str | None) -> str:
     if _WINDOW.search(text):
         return "file_window"
     return "plain"
+
+
+def recorded_kind(observation: str | None, action: str, *, final: bool = False, exit_status: str = "") -> str:
+    """The kind of an observation recorded by MLGym, allowing for its older versions.
+
+    Older MLGym versions recorded an empty observation for the step that ended the episode by evaluation: a submit
+    (``Exited (submit)`` today) or, on the last step, an autosubmission (``Exited (max_steps)``, ...).
+    """
+    if not observation and final and exit_status:
+        return "submitted" if exit_status == "submitted" else "exit"
+    if not observation and action.strip() == "submit":
+        return "submitted"
+    return observation_kind(observation)

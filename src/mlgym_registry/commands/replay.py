@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..recorded_files import first_windows, with_recorded_starters
 from .run import add_backend_option_argument, backend_options, shorten
 
 
@@ -27,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="folder for the report (default: runs/replay-<id>-<time>)")
     parser.add_argument("--max-steps", type=int, default=None, help="steps before autosubmission (default: the task's)")
     parser.add_argument("--seed", type=int, default=None, help="seed for the backend and the evaluator")
+    parser.add_argument(
+        "--starter-files", choices=("recorded", "task"), default="recorded",
+        help="recorded: start from the file versions the run showed when it first opened them, so its "
+        "line-numbered edits land where they did (default); task: the task's own files",
+    )
     add_backend_option_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
 
@@ -105,14 +111,18 @@ def default_task(trajectory_path: Path, environment: str = "mlgym_main") -> tupl
 
 def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None = None, seed: int | None = None,
            stream: TextIO | None = None, warnings: list[str] | None = None,
-           options: dict[str, Any] | None = None, training_timeout: int | None = None) -> ReplayReport:
+           options: dict[str, Any] | None = None, training_timeout: int | None = None,
+           starter_files: str = "recorded") -> ReplayReport:
     """Replay ``trajectory_path`` on ``task``, write our ``.traj``, ``results.json`` and the report to ``out``.
+
+    With ``starter_files="recorded"`` the workspace starts from the file versions the recorded run showed when it
+    first opened them (see ``recorded_files``), written to ``out/recorded-starters``.
 
     ``options`` are backend options. Replayed edits can land on other lines than in the recorded run and so make
     a strategy that never ends: a shorter ``training_timeout`` (seconds per evaluation) keeps such a replay short.
     """
     from ..episode import run_episode
-    from ..observation_kinds import observation_kind
+    from ..observation_kinds import observation_kind, recorded_kind
     from ..policies.replay import ReplayPolicy
     from ..registry import registry
     from ..trajectories import TrajectoryWriter, atomic_write_json, load_traj
@@ -125,6 +135,10 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
         changes["training_timeout"] = training_timeout
     if options:
         changes["backend_options"] = {**spec.backend_options, **options}
+    replaced: list[str] = []
+    if starter_files == "recorded":
+        windows = first_windows((step.action or "", step.observation) for step in recorded.steps)
+        spec, replaced = with_recorded_starters(spec, windows, out / "recorded-starters")
     if changes:
         spec = registry.spec(spec.replace(**changes, components={}))
     report = ReplayReport(
@@ -135,6 +149,8 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
         recorded_exit_status=str(recorded.info.get("exit_status") or ""),
         baseline=spec.baseline,
     )
+    if replaced:
+        report.warnings.append(f"started from the recorded versions of {', '.join(replaced)}")
     writer = TrajectoryWriter(out, spec.id.replace("/", "_"), baseline=spec.baseline,
                               environment=f"mlgym_registry:{spec.backend}")
     policy = ReplayPolicy(recorded)
@@ -146,11 +162,13 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
     finally:
         with sigint_deferred():
             env.close()
+    last, status = len(recorded.steps) - 1, report.recorded_exit_status
     for turn, step in zip(result.turns, recorded.steps, strict=False):  # either may be longer
         report.steps.append(StepComparison(
             index=turn.index,
             action=(step.action or "").strip(),
-            recorded_kind=observation_kind(step.observation),
+            recorded_kind=recorded_kind(step.observation, step.action or "", final=turn.index == last,
+                                        exit_status=status),
             our_kind="format_error" if turn.format_error else observation_kind(turn.observation),
             recorded_observation=shorten(step.observation or "", lines=3),
             our_observation=shorten(turn.observation, lines=3),
@@ -203,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / f"replay-{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     report = replay(path, task, out, max_steps=args.max_steps, seed=args.seed, warnings=warnings,
                     stream=None if args.quiet else sys.stdout, options=backend_options(args.backend_option),
-                    training_timeout=args.training_timeout)
+                    training_timeout=args.training_timeout, starter_files=args.starter_files)
     print(format_report(report))
     print(f"wrote {out / 'replay-report.json'}")
     return 0
