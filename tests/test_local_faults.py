@@ -251,10 +251,9 @@ def test_forked_child_exiting_does_not_release_the_parents_backend(tmp_path):
         assert_usable(env)
 
 
-@pytest.mark.parametrize("ending", ["pass", "raise KeyboardInterrupt"])
-def test_interpreter_exit_leaves_nothing(tmp_path, ending):
-    src = tmp_path / "src"
-    script = textwrap.dedent(
+def owner_script(src, ending: str) -> str:
+    """A program that opens a backend with a background process, prints its pids and root, then runs ``ending``."""
+    return textwrap.dedent(
         f"""
         import json, sys
         sys.path.insert(0, {str(os.path.dirname(__file__))!r})
@@ -269,7 +268,13 @@ def test_interpreter_exit_leaves_nothing(tmp_path, ending):
         {ending}
         """
     )
+
+
+@pytest.mark.parametrize("ending", ["pass", "raise KeyboardInterrupt"])
+def test_interpreter_exit_leaves_nothing(tmp_path, ending):
+    src = tmp_path / "src"
     src.mkdir()
+    script = owner_script(src, ending)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     facts = json.loads(done.stdout.splitlines()[0])
     time.sleep(0.2)
@@ -281,21 +286,7 @@ def test_interpreter_exit_leaves_nothing(tmp_path, ending):
 def test_sigkilled_owner_leaves_nothing_once_the_next_backend_starts(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    script = textwrap.dedent(
-        f"""
-        import json, sys, time
-        sys.path.insert(0, {str(os.path.dirname(__file__))!r})
-        from test_local_backend import tiny_spec
-        from pathlib import Path
-        from mlgym_registry.backends.local import LocalBackend
-        env = LocalBackend(tiny_spec(Path({str(src)!r})))
-        env.reset()
-        env.communicate("sleep 1000 >/dev/null 2>&1 &")
-        print(json.dumps({{"root": str(env._res.root), "shell": env._res.session.pid,
-                          "sleep": int(env.communicate("echo $!"))}}), flush=True)
-        time.sleep(1000)
-        """
-    )
+    script = owner_script(src, "import time; time.sleep(1000)")
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         facts = json.loads(owner.stdout.readline())

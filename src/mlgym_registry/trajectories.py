@@ -90,13 +90,17 @@ class Trajectory:
 def load_traj(path: str | Path) -> Trajectory:
     """Read and check an MLGym ``.traj`` file; ``TrajectoryError`` says what is wrong with it."""
     path = Path(path)
+    return trajectory_from_dict(_read_json(path, "trajectory file"), path)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """The JSON in ``path``; ``TrajectoryError`` naming ``what`` when it is missing or not JSON."""
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
-        raise TrajectoryError(f"trajectory file {str(path)!r} does not exist") from None
+        raise TrajectoryError(f"{what} {str(path)!r} does not exist") from None
     except json.JSONDecodeError as exc:
-        raise TrajectoryError(f"trajectory file {str(path)!r} is not valid JSON: {exc}") from exc
-    return trajectory_from_dict(data, path)
+        raise TrajectoryError(f"{what} {str(path)!r} is not valid JSON: {exc}") from exc
 
 
 def trajectory_from_dict(data: Any, path: Path | None = None) -> Trajectory:
@@ -122,12 +126,7 @@ def trajectory_from_dict(data: Any, path: Path | None = None) -> Trajectory:
 def load_results(path: str | Path) -> dict[str, Any]:
     """Read a ``results.json``: ``{"agent": [metric dicts], "baseline": metric dict}``."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TrajectoryError(f"results file {str(path)!r} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise TrajectoryError(f"results file {str(path)!r} is not valid JSON: {exc}") from exc
+    data = _read_json(path, "results file")
     if not isinstance(data, dict) or not isinstance(data.get("agent"), list) or "baseline" not in data:
         raise TrajectoryError(f"results file {str(path)!r} must be {{'agent': [...], 'baseline': {{...}}}}")
     return data
