@@ -133,6 +133,15 @@ def text_at(td: Any, key: Any) -> str:
     return "" if value is None else str(value)
 
 
+def parse_turn(parser: Callable[[str], tuple[str, str]], response: str, after: Any, observation_key: Any):
+    """``(thought, action, observation, format_error)`` of a stepped turn; a format error's message is shown."""
+    try:
+        thought, action = parser(response)
+    except FormatError as exc:
+        return response, "", str(exc), True
+    return thought, action, text_at(after, observation_key), False
+
+
 def run_episode(
     env: Any,
     policy: Policy,
@@ -176,13 +185,8 @@ def run_episode(
         td = env.step(td)
         elapsed = time.monotonic() - started
         after = td["next"]
-        try:
-            thought, action = parser(response)
-            observation = text_at(after, layout.observation)
-            format_errors, format_error = 0, False
-        except FormatError as exc:
-            thought, action, observation = response, "", str(exc)
-            format_errors, format_error = format_errors + 1, True
+        thought, action, observation, format_error = parse_turn(parser, response, after, layout.observation)
+        format_errors = format_errors + 1 if format_error else 0
         info = base.last_info
         if info is not None:
             result.info = dict(info)

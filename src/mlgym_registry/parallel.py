@@ -22,8 +22,7 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.data import Composite, NonTensor
 from torchrl.envs import Transform
 
-from .episode import EpisodeResult, Turn, text_at
-from .errors import FormatError
+from .episode import EpisodeResult, Turn, parse_turn, text_at
 from .specs import TaskSpec
 from .trajectories import TrajectoryWriter
 
@@ -262,11 +261,7 @@ def _turn(frame: TensorDictBase, index: int, parser: Any, module: TextPolicy) ->
     keys = get_layout(module.layout_name)
     after = frame.get("next")
     response = text_at(frame, keys.response)
-    try:
-        thought, action = parser(response)
-        observation, format_error = text_at(after, keys.observation), False
-    except FormatError as exc:
-        thought, action, observation, format_error = response, "", str(exc), True
+    thought, action, observation, format_error = parse_turn(parser, response, after, keys.observation)
     info_text = text_at(after, INFO_KEY)
     return Turn(
         index=index,

@@ -131,23 +131,29 @@ class TaskSpec:
         return f"mlgym/{self.id}"
 
 
+def read_yaml_mapping(path: Path, what: str, error: type[Exception]) -> dict[str, Any]:
+    """The mapping in the YAML file ``path``; ``error`` naming ``what`` when it is missing, not YAML or no mapping."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{what} {str(path)!r} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise error(f"{what} {str(path)!r} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
 def load_task_yaml(path: str | Path, *, root: str | Path | None = None, **defaults: Any) -> TaskSpec:
     """Load a task file in MLGym's task-config shape (plus our optional fields) into a ``TaskSpec``.
 
     ``root`` is the folder relative paths in the file are resolved against; it defaults to the file's ``root:`` key
     (relative to the file) or else the file's own folder. ``defaults`` fill fields the file leaves out.
     """
-    import yaml
-
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise InvalidTaskError(f"task file {str(path)!r} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise InvalidTaskError(f"task file {str(path)!r} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidTaskError(f"task file {str(path)!r} must hold a mapping, got {type(data).__name__}")
+    data = read_yaml_mapping(path, "task file", InvalidTaskError)
     if "id" not in data:
         raise InvalidTaskError(f"task file {str(path)!r} has no 'id' field; MLGym task configs need one")
     merged = {**defaults, **data}

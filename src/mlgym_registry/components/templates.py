@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..specs import read_yaml_mapping
 from .template_set import TemplateSet
 
 STATUS_BLOCK = """\
@@ -154,17 +155,8 @@ def load_agent_yaml(path: str | Path, name: str | None = None) -> TemplateSet:
     history processor, ...) are ignored. The set is named after the file (``default.yaml`` -> ``"default"``) unless
     ``name`` is given.
     """
-    import yaml
-
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AgentConfigError(f"agent config {str(path)!r} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise AgentConfigError(f"agent config {str(path)!r} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise AgentConfigError(f"agent config {str(path)!r} must hold a mapping, got {type(data).__name__}")
+    data = read_yaml_mapping(path, "agent config", AgentConfigError)
     fields: dict[str, str | None] = {}
     for key in TEMPLATE_FIELDS:
         value = data.get(key)
