@@ -49,16 +49,22 @@ def make_preexec(limits: Limits, nproc: int | None, cgroup_procs: str | None) ->
     pid_file = cgroup_procs.encode() if cgroup_procs else None
     memory = limits.memory_limit_mb * 1024 * 1024 if limits.memory_limit_mb else None
     cpu = limits.cpu_seconds
-    prctl = _prctl() if threading.current_thread() is threading.main_thread() else None
+    prctl = _prctl()
+    on_main_thread = threading.current_thread() is threading.main_thread()
     parent = os.getpid()
 
     def preexec() -> None:
         if prctl is not None:
-            # die with the Python process even when it is SIGKILLed and never gets to close() us; only for children of
-            # the main thread, since the signal fires when the forking *thread* ends
-            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:
-                os._exit(1)
+            # orphans of the session (a fork bomb's, a daemon's) become the shell's children rather than init's: they
+            # stay in the session's process tree, and bash reaps them at once, so their slots under the process limit
+            # come free without depending on how promptly this machine's pid 1 reaps
+            prctl(_PR_SET_CHILD_SUBREAPER, 1)
+            if on_main_thread:
+                # die with the Python process even when it is SIGKILLed and never gets to close() us; only for
+                # children of the main thread, since the signal fires when the forking *thread* ends
+                prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != parent:
+                    os._exit(1)
         if pid_file is not None:
             try:
                 fd = os.open(pid_file, os.O_WRONLY)
@@ -79,6 +85,7 @@ def make_preexec(limits: Limits, nproc: int | None, cgroup_procs: str | None) ->
 
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 @functools.cache

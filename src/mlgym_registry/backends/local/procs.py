@@ -55,13 +55,18 @@ def session_processes(leader: int) -> set[int]:
     return found
 
 
-def kill_all(pids: Iterable[int]) -> None:
-    """SIGKILL every pid (gone ones are ignored)."""
+def signal_all(pids: Iterable[int], signum: int) -> None:
+    """Send ``signum`` to every pid (gone ones are ignored)."""
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def kill_all(pids: Iterable[int]) -> None:
+    """SIGKILL every pid (gone ones are ignored)."""
+    signal_all(pids, signal.SIGKILL)
 
 
 def alive(pid: int) -> bool:

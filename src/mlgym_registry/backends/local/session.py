@@ -13,6 +13,7 @@ import os
 import re
 import select
 import shlex
+import signal
 import subprocess
 import time
 import uuid
@@ -177,8 +178,19 @@ class ShellSession:
         return Result(self._text(buffer), None, timed_out=kind, marker_lost=True)
 
     def kill_processes(self, within: float = 2.0) -> bool:
-        """Kill every process of the session but the shell, again and again while they fork; True when none is left."""
+        """Kill every process of the session but the shell; True when none is left.
+
+        They are stopped first, until no new one appears, and only then killed: a stopped process cannot fork, so a
+        fork bomb cannot replace its members as fast as they are killed, however loaded the machine is.
+        """
         deadline = time.monotonic() + within
+        stopped: set[int] = set()
+        while time.monotonic() < deadline:
+            running = {pid for pid in self.processes() - stopped if procs.alive(pid)}
+            if not running:
+                break
+            procs.signal_all(running, signal.SIGSTOP)
+            stopped |= running
         while True:
             victims = self.processes()
             if not victims:
