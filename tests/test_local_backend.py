@@ -7,6 +7,8 @@ import json
 import os
 import re
 import statistics
+import subprocess
+import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -271,6 +273,30 @@ def test_seed_reaches_the_evaluator(tmp_path):
         _, _, _, info = env.step("validate")
         assert info["score"] == [{"Score": 3.0, "Seed": 1234}]
         assert env.communicate("echo $MLGYM_REGISTRY_SEED") == "1234"
+
+
+def test_python_option_gives_the_shell_and_the_evaluator_another_interpreter(tmp_path):
+    task_env = tmp_path / "task-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(task_env)], check=True)
+    spec = tiny_spec(tmp_path)
+    evaluator = Path(spec.root) / "evaluate.py"
+    evaluator.write_text(
+        "import json, sys\nprint(json.dumps({'Score': 1.0 if sys.prefix.endswith('task-env') else 0.0}))\n"
+    )
+    with LocalBackend(spec, python=str(task_env / "bin" / "python")) as env:
+        env.reset()
+        env.install_tools()
+        assert env.communicate("python -c 'import sys; print(sys.prefix)'") == str(task_env)
+        assert env.communicate("echo $VIRTUAL_ENV") == str(task_env)
+        assert env.step("validate")[3]["score"] == [{"Score": 1.0}]
+        # the tools keep running on the registry's own interpreter, which has flake8
+        env.step('open "strategy.py"')
+        assert "File updated" in env.step(DEFECT)[0]
+
+
+def test_python_option_that_is_not_an_interpreter_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="python='no-such-python-here'.*path of a Python interpreter"):
+        LocalBackend(tiny_spec(tmp_path), python="no-such-python-here")
 
 
 def test_command_docs_and_toolset(backend):

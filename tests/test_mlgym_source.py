@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
 import textwrap
 import warnings
@@ -157,6 +158,20 @@ def test_problems_inside_a_task_surface_when_it_is_used(checkout):
         reg.spec("mlgym/badEntry")
     with pytest.raises(InvalidTaskError, match="missing.yaml"):
         reg.spec("mlgym/noData")
+
+
+def test_missing_dataset_files_are_named_at_reset_and_nothing_stays_behind(checkout, tmp_path):
+    shutil.rmtree(checkout / "data/x/data")
+    workspaces = tmp_path / "workspaces"
+    workspaces.mkdir()
+    env = fresh().make("mlgym/xTask", workspace_dir=str(workspaces))
+    with pytest.raises(FileNotFoundError) as caught:
+        env.reset()
+    message = str(caught.value)
+    assert "'xTask'" in message and "'XData'" in message and str(checkout / "data/x/data") in message
+    assert "put them there" in message
+    env.close()
+    assert list(workspaces.iterdir()) == []
 
 
 def test_mlgym_root_that_is_not_a_checkout_warns(tmp_path, monkeypatch):

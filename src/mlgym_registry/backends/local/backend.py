@@ -138,7 +138,9 @@ class LocalBackend:
     ``python``/``torchrun``/...; default the task's ``training_timeout`` or 3600), ``max_output_chars`` (cap on one
     observation), ``memory_limit_mb`` (address space per process), ``cpu_seconds`` (CPU time per process),
     ``max_processes`` (tasks alive at once in the session), ``network`` (allow network access), ``seed`` (exported to
-    evaluators as ``MLGYM_REGISTRY_SEED``), ``workspace_dir`` (folder to create the private temporary folder in).
+    evaluators as ``MLGYM_REGISTRY_SEED``), ``workspace_dir`` (folder to create the private temporary folder in),
+    ``python`` (the interpreter the agent's shell and the evaluator use, e.g. a virtual environment with the task's
+    packages, as MLGym's conda environment would have them; default the one running this process).
     """
 
     name = "mlgym_main"
@@ -156,7 +158,9 @@ class LocalBackend:
         network: bool = False,
         seed: int | None = None,
         workspace_dir: str | None = None,
+        python: str | None = None,
     ):
+        self.python = _interpreter(python)
         self.spec = spec
         self.command_timeout = command_timeout
         self.long_timeout = long_timeout if long_timeout is not None else (spec.training_timeout or LONG_TIMEOUT)
@@ -380,7 +384,7 @@ class LocalBackend:
             evaluation_paths=list(self.spec.evaluation_paths),
             pristine=dict(self._pristine),
             scratch_root=self._scratch,
-            python=sys.executable,
+            python=self.python,
             env=self._environment(),
             timeout=float(self.task.args.training_timeout if self.task else self.long_timeout),
             prefix=self._prefix,
@@ -427,7 +431,11 @@ class LocalBackend:
                 continue
             source = self.spec.resolve_path(dataset["data_path"])
             if not source.exists():
-                raise FileNotFoundError(f"task {self.spec.id!r}: dataset path {str(source)!r} does not exist")
+                raise FileNotFoundError(
+                    f"task {self.spec.id!r}: the files of its local dataset {dataset.get('name', '')!r} are not at "
+                    f"{str(source)!r}. The task file's repository does not ship them: put them there (MLGym prepares "
+                    "such data outside its repository) or choose a task whose data is present"
+                )
             target = data if not data.exists() else data / source.name
             if source.is_dir():
                 shutil.copytree(source, target)
@@ -479,7 +487,7 @@ class LocalBackend:
 
     def _environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("BASH_FUNC_", "MLGR_"))}
-        bin_dir = os.path.dirname(sys.executable)
+        bin_dir = os.path.dirname(self.python)
         env.update(
             PATH=os.pathsep.join([bin_dir, str(self._commands), env.get("PATH", os.defpath)]),
             HOME=str(self._home),
@@ -586,6 +594,19 @@ class LocalBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _interpreter(python: str | None) -> str:
+    """The absolute path of the ``python=`` option's interpreter (a path or a command name on ``PATH``)."""
+    if python is None:
+        return sys.executable
+    found = shutil.which(python)
+    if found is None:
+        raise ValueError(
+            f"local backend: python={python!r} is not an executable found on this machine; pass the path of a Python "
+            "interpreter, e.g. python='/path/to/venv/bin/python'"
+        )
+    return os.path.abspath(found)
 
 
 def _quote(value: object) -> str:
