@@ -538,9 +538,10 @@ def test_recorded_observations_all_have_a_kind():
         for index, step in enumerate(recording["trajectory"]):
             kind = recorded_kind(step, index == last, status)
             kinds[kind] += 1
-            if step["action"].strip() == "validate":
+            # a last step's command may have been overtaken: autosubmission at max_steps, a crashed run
+            if step["action"].strip() == "validate" and index != last:
                 assert kind in ("validate_score", "validate_error"), step["observation"][:200]
-            if re.match(r"^open\s+\"?[\w./]+\"?\s*$", step["action"].strip()):
+            if re.match(r"^open\s+\"?[\w./]+\"?\s*$", step["action"].strip()) and index != last:
                 assert kind in ("file_window", "plain"), step["observation"][:200]
     for kind in ("validate_score", "validate_error", "lint_rejection", "file_window", "submitted", "syntax_error"):
         assert kinds[kind] > 0, kinds

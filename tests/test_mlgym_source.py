@@ -124,6 +124,14 @@ def test_spec_reads_the_checkout(checkout):
     assert TaskSpec.from_dict(spec.to_dict()) == spec
 
 
+def test_mlgym_ranking_metric_lands_in_the_spec(checkout):
+    write(checkout / "configs/tasks/sat.yaml", GAME.replace("gameId", "3SATTime"))
+    write(checkout / "configs/tasks/own.yaml", GAME.replace("gameId", "ownMetric") + "priority_metric: Correct\n")
+    reg = fresh()
+    assert reg.spec("mlgym/3SATTime").extra == {"priority_metric": "Time", "metric_direction": "min"}
+    assert reg.spec("mlgym/ownMetric").extra == {"priority_metric": "Correct"}  # the task file's own word stands
+
+
 def test_remote_datasets_keep_their_repository_id(checkout):
     write(checkout / "configs/tasks/x.yaml", TASK.replace("datasets/xData.yaml", "datasets/remote.yaml"))
     [dataset] = fresh().spec("mlgym/xTask").datasets

@@ -53,8 +53,8 @@ needs_trajectories = pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajec
 @pytest.mark.parametrize("path", TRAJ_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_fenced_parsers_reproduce_recorded_pairs(path):
     steps = traj_steps(path)
-    normal = [s for s in steps if not is_synthetic(s)]
-    assert normal, f"{path} has no model-parsed steps"
+    if all(is_synthetic(s) for s in steps):
+        pytest.skip(f"{path.name} holds only steps MLGym's agent made up (e.g. a context overflow at once)")
     for index, step in enumerate(steps):
         if is_synthetic(step):
             continue

@@ -21,6 +21,7 @@ from mlgym_registry.components.rewards import (
 )
 from mlgym_registry.components.templates import STATUS_BLOCK
 from mlgym_registry.specs import TaskSpec
+from mlgym_registry.tasks.mlgym_metrics import mlgym_ranking_metric
 
 TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajectories"
 TRAJ_FILES = sorted(TRAJECTORIES.glob("*/*.traj"))
@@ -40,7 +41,27 @@ def info(exit_status: str = "", score: list | None = None) -> dict:
 
 
 def load_run(path: Path) -> tuple[dict, dict]:
-    return json.loads(path.read_text()), json.loads(path.with_name(path.stem + ".results.json").read_text())
+    results = path.with_name(path.stem + ".results.json")
+    if not results.is_file():
+        pytest.skip(f"no {results.name} beside {path.name}")
+    return json.loads(path.read_text()), json.loads(results.read_text())
+
+
+def ranking(task_id: str, baseline: dict) -> tuple[str, float]:
+    """The metric MLGym ranks the task by and +1 (higher is better) or -1, for the task of a recorded run."""
+    known = mlgym_ranking_metric(task_id)
+    if known is not None:
+        return known.name, -1.0 if known.direction == "min" else 1.0
+    if len(baseline) != 1:
+        pytest.skip(f"which of {sorted(baseline)} ranks task {task_id!r} is not known")
+    return next(iter(baseline)), 1.0
+
+
+def expected_reward(entry: dict, baseline: dict, task_id: str) -> float:
+    """What a scored entry of results.json is worth: its ranking metric's gain over the baseline, 0 if not finite."""
+    name, sign = ranking(task_id, baseline)
+    value = sign * (float(entry[name]) - float(baseline.get(name, 0.0)))
+    return value if math.isfinite(value) else 0.0
 
 
 # -- MLGym's recorded runs ---------------------------------------------------------------------------------------------
@@ -52,7 +73,8 @@ def test_recorded_validations_parse(path):
     parsed = [parse_validation(step["observation"]) for step in traj["trajectory"]]
     parsed = [p for p in parsed if p]
     for item in parsed:
-        assert item["submission"] == "/home/agent/workspace/target.py"
+        # the task's submission artefact (target.py, submission.csv, a config...), or nothing for some tasks
+        assert item["submission"] == "" or item["submission"].startswith("/home/agent/workspace/")
         assert item["baseline"] == results["baseline"]
     # Every validation's metrics are the next entry of info["score"], in order.
     assert [p["evaluation"] for p in parsed] == traj["info"]["score"][: len(parsed)]
@@ -77,8 +99,7 @@ def test_recorded_episode_rewards_count_every_score_once(path):
         else:
             step_info = info("", [validation["evaluation"]] if validation else [])
         rewards.append(reward(step["observation"], step_info, spec))
-    base = results["baseline"]["Score"]
-    expected = [entry["Score"] - base for entry in results["agent"]]
+    expected = [expected_reward(entry, results["baseline"], spec.id) for entry in results["agent"]]
     assert [r for r in rewards if r != 0.0] == pytest.approx([e for e in expected if e != 0.0])
     assert sum(rewards) == pytest.approx(sum(expected))
 
@@ -92,10 +113,11 @@ def test_recorded_final_scores_from_info():
         spec = TaskSpec(id=path.parent.name, baseline_scores=[results["baseline"]])
         status = traj["info"]["exit_status"]
         value = score_from_info(traj["info"], spec)
-        if status == "submitted" or status.startswith("autosubmission"):
-            assert value == pytest.approx(results["agent"][-1]["Score"] - results["baseline"]["Score"])
+        if (status == "submitted" or status.startswith("autosubmission")) and results["agent"]:
+            assert value == pytest.approx(expected_reward(results["agent"][-1], results["baseline"], spec.id))
             checked += 1
-        else:  # "", evaluation_format_error (...): the last score entry is an earlier validation, not a submission
+        elif not (status == "submitted" or status.startswith("autosubmission")):
+            # "", evaluation_format_error (...): the last score entry is an earlier validation, not a submission
             assert value is None
     assert checked > 0
 
@@ -181,7 +203,30 @@ def test_multi_metric_reward_uses_priority_metric():
                            "{'Time': 12.0, 'Correct': 24000, 'Incorrect': 0}")
     assert reward(text, info("", [{"Time": 12.0}]), spec) == pytest.approx(4.158)
     with pytest.raises(ScoreError, match="priority_metric"):
-        reward(text, None, TaskSpec(id="3SATTime"))
+        reward(text, None, TaskSpec(id="mySatTask"))
+
+
+@pytest.mark.parametrize(
+    ("task_id", "evaluation", "baseline", "expected"),
+    [
+        # MLGym ranks 3-SAT by Time, lower is better: 4 seconds faster is +4
+        ("3SATTime", {"Time": 12.0, "Correct": 24000, "Incorrect": 0}, {"Time": 16.0, "Correct": 24000}, 4.0),
+        ("mlgym/regressionKaggleHousePrice", {"rmse": 30000.0, "r2": 0.88}, {"rmse": 30340.1, "r2": 0.88}, 0.0),
+        ("regressionKaggleHousePriceL1", {"rmse": 1.0, "r2": 0.9}, {"rmse": 2.0, "r2": 0.8}, 0.1),
+        ("mlgym/rlMountainCarContinuous", {"Reward Mean": 60.0, "Reward Std": 5.0}, {"Reward Mean": 33.8}, 26.2),
+        # a loss: lower is better even with a single key
+        ("languageModelingFineWeb", {"val_loss": 4.0}, {"val_loss": 4.7}, 0.7),
+    ],
+)
+def test_mlgym_tasks_are_scored_by_mlgym_ranking_metric(task_id, evaluation, baseline, expected):
+    spec = TaskSpec(id=task_id, baseline_scores=[baseline])
+    assert metric_delta(evaluation, baseline, spec) == pytest.approx(expected)
+    assert score_from_info(info("submitted", [evaluation]), spec) == pytest.approx(expected)
+
+
+def test_task_extra_fields_win_over_mlgym_ranking():
+    spec = TaskSpec(id="3SATTime", extra={"priority_metric": "Correct", "metric_direction": "maximize"})
+    assert metric_delta({"Time": 1.0, "Correct": 10.0}, {"Time": 2.0, "Correct": 8.0}, spec) == pytest.approx(2.0)
 
 
 def test_metric_direction_min_flips_sign():

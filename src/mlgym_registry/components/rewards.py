@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..tasks.mlgym_metrics import RankingMetric, mlgym_ranking_metric
+
 VALIDATION_PREFIX = "Your code produced a valid submission artefact at "
 """How MLGym's successful ``validate`` observation starts (an interface string)."""
 
@@ -109,12 +111,16 @@ def submission_metrics(info: Mapping[str, Any] | None) -> dict[str, float] | Non
 
 
 def priority_metric(metrics: Mapping[str, float], spec: Any = None) -> str:
-    """The metric a reward reads: ``spec.extra["priority_metric"]``, else the only key, else ``"Score"``."""
+    """The metric a reward reads: ``spec.extra["priority_metric"]``, else the only key, else the metric MLGym ranks
+    its task of that id by, else ``"Score"``; ``ScoreError`` when none of these decides."""
     chosen = _extra(spec).get("priority_metric")
     if chosen:
         return str(chosen)
     if len(metrics) == 1:
         return next(iter(metrics))
+    known = _mlgym_metric(spec)
+    if known is not None and known.name in metrics:
+        return known.name
     if "Score" in metrics:
         return "Score"
     raise ScoreError(
@@ -123,15 +129,25 @@ def priority_metric(metrics: Mapping[str, float], spec: Any = None) -> str:
     )
 
 
+def lower_is_better(spec: Any = None) -> bool:
+    """Whether the task's metric is minimised: ``spec.extra["metric_direction"]`` (``min``/``minimize``), else MLGym's
+    direction for its task of that id, else False."""
+    direction = _extra(spec).get("metric_direction")
+    if direction is None:
+        known = _mlgym_metric(spec)
+        direction = known.direction if known is not None else "max"
+    return str(direction).lower().startswith("min")
+
+
 def metric_delta(evaluation: Mapping[str, float], baseline: Mapping[str, float] | None, spec: Any = None) -> float:
-    """Evaluation minus baseline on the priority metric (sign flipped when ``spec.extra["metric_direction"]`` is
-    ``"min"``). A missing baseline (or baseline metric) counts as 0."""
+    """Evaluation minus baseline on the priority metric, sign flipped when lower is better (see ``lower_is_better``).
+    A missing baseline (or baseline metric) counts as 0."""
     metric = priority_metric(evaluation, spec)
     if metric not in evaluation:
         raise ScoreError(f"metric {metric!r} is not among the evaluation metrics {sorted(evaluation)}")
     base = (baseline or {}).get(metric, 0.0)
     delta = float(evaluation[metric]) - float(base)
-    return -delta if str(_extra(spec).get("metric_direction", "max")).lower() == "min" else delta
+    return -delta if lower_is_better(spec) else delta
 
 
 def spec_baseline(spec: Any) -> dict[str, float] | None:
@@ -168,7 +184,8 @@ class ScoreDeltaReward:
 
     Each step is scored on its own: a validate step gets its validation's delta, the step that (auto)submits gets the
     submission's delta, and every other step gets 0. Higher is better unless the task's ``extra`` says
-    ``metric_direction: min``; ``extra["priority_metric"]`` names the metric when the dicts hold several. A
+    ``metric_direction: min``; ``extra["priority_metric"]`` names the metric when the dicts hold several (for
+    MLGym's own tasks both default to MLGym's ranking, e.g. 3-SAT's ``Time``, minimised). A
     non-finite score (an evaluator that printed ``nan``) gives 0.
 
     Validation text alone can be forged by the agent (``echo`` the message), so when ``info`` carries a ``score``
@@ -203,3 +220,8 @@ def _field(spec: Any, name: str) -> Any:
 
 def _extra(spec: Any) -> Mapping[str, Any]:
     return _field(spec, "extra") or {}
+
+
+def _mlgym_metric(spec: Any) -> RankingMetric | None:
+    task_id = _field(spec, "id")
+    return mlgym_ranking_metric(str(task_id)) if task_id else None

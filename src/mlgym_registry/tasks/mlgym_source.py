@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import InvalidTaskError
 from ..hookspecs import hookimpl
 from ..specs import TaskSpec, load_task_yaml
+from .mlgym_metrics import mlgym_ranking_metric
 
 ROOT_ENV = "MLGYM_ROOT"
 NAMESPACE = "mlgym/"
@@ -115,10 +116,16 @@ def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
             f"MLGym's task classes ({', '.join(ENTRYPOINTS)}); MLGym cannot run it either"
         )
     aliases = root / "dockerfiles" / "aliases.sh"
+    extra = dict(spec.extra)
+    known = mlgym_ranking_metric(spec.id)
+    if known is not None:
+        extra.setdefault("priority_metric", known.name)
+        extra.setdefault("metric_direction", known.direction)
     return spec.replace(
         datasets=[load_dataset(root, item) for item in spec.dataset_configs],
         aliases_file=str(aliases) if aliases.is_file() else None,
         tags=[TAG] + [t for t in spec.tags if t != TAG],
+        extra=extra,
     )
 
 
