@@ -18,6 +18,7 @@ from .errors import (
     InvalidTaskError,
     MLGymRegistryError,
     PluginLoadError,
+    TaskFilesMissing,
     UnknownNameError,
 )
 from .hookspecs import hookimpl
@@ -37,6 +38,7 @@ __all__ = [
     "PluginLoadError",
     "Registry",
     "ResolvedTask",
+    "TaskFilesMissing",
     "TaskSpec",
     "UnknownNameError",
     "hookimpl",

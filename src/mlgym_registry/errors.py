@@ -81,6 +81,10 @@ class InvalidTaskError(MLGymRegistryError, ValueError):
     """A task file or task spec that cannot be used as it is."""
 
 
+class TaskFilesMissing(MLGymRegistryError, FileNotFoundError):
+    """A task's files (starter code, a local dataset) are not where its task file says they are."""
+
+
 class FormatError(MLGymRegistryError, ValueError):
     """The model's response holds no usable action (no fenced code block, or more than the parser allows)."""
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..recorded_files import first_windows, with_recorded_starters
+from ..tasks.mlgym_metrics import mlgym_ranking_metric
 from .run import add_backend_option_argument, backend_options, shorten
 
 
@@ -103,9 +104,12 @@ def default_task(trajectory_path: Path, environment: str = "mlgym_main") -> tupl
                 f"no MLGym checkout provides mlgym/{candidate}; replaying on our own task {candidate!r}. The recorded "
                 f"line-numbered edits were aimed at MLGym's starter files, so edits may land on other lines here."
             ]
+    hint = ""
+    if any(mlgym_ranking_metric(c) for c in candidates):
+        hint = " It is one of MLGym's tasks: set MLGYM_ROOT to a checkout of facebookresearch/MLGym to replay it."
     raise SystemExit(
         f"mlgym-registry replay: cannot tell which task {trajectory_path} belongs to (tried {candidates}); "
-        f"pass --task NAME"
+        f"pass --task NAME.{hint}"
     )
 
 
@@ -159,6 +163,11 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
         with terminate_as_exit():
             result = run_episode(env, policy, spec=spec, writer=writer, seed=seed,
                                  on_turn=Transcript(stream) if stream is not None else None)
+    except Exception as exc:
+        # the report says why there is no comparison (a task whose data is missing here, a backend that failed)
+        report.note = f"the episode stopped with {type(exc).__name__}: {exc}"
+        atomic_write_json(out / "replay-report.json", report.to_dict())
+        raise
     finally:
         with sigint_deferred():
             env.close()

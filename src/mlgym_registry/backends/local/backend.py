@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...errors import TaskFilesMissing
 from ...specs import TaskSpec
 from ..protocol import ToolSet, new_info
 from . import limits as limits_mod
@@ -410,7 +411,7 @@ class LocalBackend:
         for item in self.spec.starter_code:
             source = self.spec.resolve_path(item)
             if not source.exists():
-                raise FileNotFoundError(
+                raise TaskFilesMissing(
                     f"task {self.spec.id!r}: starter_code path {str(source)!r} does not exist; check the task file's "
                     f"starter_code entries and its root ({self.spec.root!r})"
                 )
@@ -431,7 +432,7 @@ class LocalBackend:
                 continue
             source = self.spec.resolve_path(dataset["data_path"])
             if not source.exists():
-                raise FileNotFoundError(
+                raise TaskFilesMissing(
                     f"task {self.spec.id!r}: the files of its local dataset {dataset.get('name', '')!r} are not at "
                     f"{str(source)!r}. The task file's repository does not ship them: put them there (MLGym prepares "
                     "such data outside its repository) or choose a task whose data is present"
