@@ -16,6 +16,15 @@ SHARED = REPO.parent / "shared"
 TRAJECTORIES = SHARED / "mlgym-trajectories"
 
 
+def recorded_results(traj: Path) -> Path | None:
+    """The results.json of a recorded run: ``<run>.results.json`` beside it, or MLGym's own ``results.json`` in its
+    run folder; None when there is neither."""
+    for candidate in (traj.with_name(traj.stem + ".results.json"), traj.with_name("results.json")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 class FakeSite:
     """A folder on ``sys.path`` holding installed-looking distributions with ``mlgym_registry`` entry points."""
 

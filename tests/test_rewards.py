@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import recorded_results
 
 from mlgym_registry import registry
 from mlgym_registry.components.rewards import (
@@ -41,9 +42,9 @@ def info(exit_status: str = "", score: list | None = None) -> dict:
 
 
 def load_run(path: Path) -> tuple[dict, dict]:
-    results = path.with_name(path.stem + ".results.json")
-    if not results.is_file():
-        pytest.skip(f"no {results.name} beside {path.name}")
+    results = recorded_results(path)
+    if results is None:
+        pytest.skip(f"no results.json beside {path.name}")
     return json.loads(path.read_text()), json.loads(results.read_text())
 
 

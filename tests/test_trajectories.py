@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import TRAJECTORIES, recorded_results
 
 from mlgym_registry.trajectories import (
     STEP_KEYS,
@@ -17,8 +17,7 @@ from mlgym_registry.trajectories import (
     trajectory_from_dict,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajectories"
-RECORDED = sorted(SHARED.glob("*/*.traj"))
+RECORDED = sorted(TRAJECTORIES.glob("*/*.traj"))
 
 
 def make_step(action: str = "ls -a\n", observation: str = "strategy.py") -> Step:
@@ -87,6 +86,6 @@ def test_recorded_mlgym_trajectories_load(path):
         assert len(trajectory.history) == 2 * len(trajectory.steps) + 1
     else:  # a run that stopped abruptly may hold a last exchange its trajectory never recorded
         assert len(trajectory.history) >= 2 * len(trajectory.steps) + 1
-    results_path = path.with_name(path.stem + ".results.json")
-    if results_path.is_file():
+    results_path = recorded_results(path)
+    if results_path is not None:
         assert load_results(results_path)["agent"] == trajectory.scores
