@@ -191,6 +191,7 @@ class ShellSession:
                 break
             procs.signal_all(running, signal.SIGSTOP)
             stopped |= running
+        procs.kill_all(stopped)  # even when stopping used up the time: a stopped process must not be left behind
         while True:
             victims = self.processes()
             if not victims:
