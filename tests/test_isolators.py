@@ -6,16 +6,15 @@ import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
+from conftest import TRAJECTORIES
 
 from mlgym_registry import registry
 from mlgym_registry.components.isolators import CodeBlockIsolator, guard_multiline_input
 from mlgym_registry.components.parsers import StrictThoughtActionParser, ThoughtActionParser, XMLThoughtActionParser
 from mlgym_registry.errors import FormatError
 
-TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajectories"
 TRAJ_FILES = sorted(TRAJECTORIES.glob("*/*.traj"))
 MULTILINE = re.compile(r"^\s*(edit|insert)(?=\s|$)", re.MULTILINE)
 ENDINGS = {"edit": "end_of_edit", "insert": "end_of_insert"}

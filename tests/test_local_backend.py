@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TRAJECTORIES
 
 from mlgym_registry import observation_kinds, recorded_files
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.protocol import INFO_KEYS, Backend
 from mlgym_registry.observation_kinds import KINDS, observation_kind
 from mlgym_registry.specs import TaskSpec
+from mlgym_registry.tasks.mlgym_source import task_header
 
 STRATEGY = textwrap.dedent(
     '''\
@@ -420,7 +422,6 @@ def test_make_override_signature_has_no_kwargs():
 
 # -- fidelity against MLGym's recorded runs ---------------------------------------------------------------------------
 
-TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajectories"
 _MULTILINE = {"edit": "end_of_edit", "insert": "end_of_insert"}
 _COMMAND_PATTERNS = [
     *(re.compile(rf"^\s*({name})\s*(.*?)^({end})\s*$", re.DOTALL | re.MULTILINE) for name, end in _MULTILINE.items()),
@@ -486,16 +487,12 @@ def recorded_starters(task_dir: Path, current: dict[str, str]) -> dict[str, dict
 def task_file(checkout: Path, task_id: str) -> Path | None:
     """The checkout's task file of ``task_id`` (MLGym names most files after their id, not all)."""
     for path in sorted((checkout / "configs" / "tasks").glob("*.yaml")):
-        if _task_id(path) == task_id:
-            return path
+        try:
+            if task_header(path)["id"] == task_id:
+                return path
+        except (ValueError, yaml.YAMLError):
+            continue
     return None
-
-
-def _task_id(path: Path) -> str | None:
-    try:
-        return str(yaml.safe_load(path.read_text()).get("id"))
-    except (yaml.YAMLError, AttributeError):
-        return None
 
 
 def is_offline_task(checkout: Path, task_id: str) -> bool:
@@ -504,7 +501,7 @@ def is_offline_task(checkout: Path, task_id: str) -> bool:
     path = task_file(checkout, task_id)
     if path is None:
         return False
-    task = yaml.safe_load(path.read_text())
+    task = task_header(path)
     return task.get("task_entrypoint") == "PythonSubmissionTasks" and not task.get("dataset_configs")
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TRAJECTORIES
 
 from mlgym_registry import registry
 from mlgym_registry.components.parsers import (
@@ -21,7 +22,6 @@ from mlgym_registry.components.parsers import (
 )
 from mlgym_registry.errors import FormatError
 
-TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajectories"
 TRAJ_FILES = sorted(TRAJECTORIES.glob("*/*.traj"))
 
 # Entries the MLGym agent writes itself instead of parsing the model's output: the action is the special action and

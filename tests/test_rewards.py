@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import recorded_results
+from conftest import TRAJECTORIES, recorded_results
 
 from mlgym_registry import registry
 from mlgym_registry.components.rewards import (
@@ -24,7 +24,6 @@ from mlgym_registry.components.templates import STATUS_BLOCK
 from mlgym_registry.specs import TaskSpec
 from mlgym_registry.tasks.mlgym_metrics import mlgym_ranking_metric
 
-TRAJECTORIES = Path(__file__).resolve().parents[2] / "shared" / "mlgym-trajectories"
 TRAJ_FILES = sorted(TRAJECTORIES.glob("*/*.traj"))
 needs_trajectories = pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajectories in {TRAJECTORIES}")
 
