@@ -104,9 +104,9 @@ def test_reset_contract(tmp_path):
         assert env.current_step == 0 and env.max_steps == 10
         assert env.task.args.description == "Write row_strategy.\nNUMBERS:\nthree numbers\n\nGood luck."
         assert env.task.args.training_timeout == 120
-        names = sorted(p.name for p in env.task_workspace.iterdir())
+        names = sorted(p.name for p in env.host_workspace.iterdir())
         assert names == ["data", "evaluate.py", "strategy.py", "target.py"]
-        assert (env.task_workspace / "data" / "numbers.txt").read_text() == "1\n2\n3\n"
+        assert (env.host_workspace / "data" / "numbers.txt").read_text() == "1\n2\n3\n"
         assert env.communicate("pwd") == str(env.task_workspace)
         assert env.communicate("which python flake8").split("\n") == [
             str(Path(os.sys.executable).parent / "python"),
@@ -121,7 +121,7 @@ def test_reset_gives_a_fresh_workspace_and_step_count(backend):
     backend.step("validate")
     backend.reset()
     assert backend.current_step == 0
-    assert not (backend.task_workspace / "leftover.txt").exists()
+    assert not (backend.host_workspace / "leftover.txt").exists()
     _, _, _, info = backend.step("echo fresh")
     assert info["score"] == []
 
@@ -152,7 +152,7 @@ def test_guarded_edit_validate_submit(backend):
     assert not done
     assert obs.startswith(f'[File: {ws}/strategy.py (5 lines total)]\n1:"""Row player of a tiny repeated game."""\n')
     assert "4:def row_strategy(history):\n5:    return 1\nFile updated." in obs
-    assert (ws / "strategy.py").read_text().endswith("def row_strategy(history):\n    return 1\n")
+    assert (backend.host_workspace / "strategy.py").read_text().endswith("def row_strategy(history):\n    return 1\n")
 
     obs, reward, done, info = backend.step("validate")
     assert obs == (
@@ -187,7 +187,7 @@ def test_max_steps_autosubmits_without_running_the_action(tmp_path):
         assert info["exit_status"] == "autosubmission (max_steps)"
         assert info["submission"] == f"{env.task_workspace}/target.py"
         assert info["score"] == [{"Score": 3.0}]
-        assert not (env.task_workspace / "should_not_exist").exists()
+        assert not (env.host_workspace / "should_not_exist").exists()
         assert env.current_step == 3
 
 
@@ -204,20 +204,20 @@ def test_special_actions(backend):
 
 def test_malformed_edit_counts_a_step_and_changes_nothing(backend):
     backend.step('open "strategy.py"')
-    before = (backend.task_workspace / "strategy.py").read_text()
+    before = (backend.host_workspace / "strategy.py").read_text()
     obs, _, done, _ = backend.step("edit 4:6\ndef row_strategy(history):\n    return 1\n")
     assert obs == (
         "Malformed edit command. Please ensure you use the `end_of_edit` keyword to mark the end of your edit."
     )
     assert not done and backend.current_step == 2
-    assert (backend.task_workspace / "strategy.py").read_text() == before
+    assert (backend.host_workspace / "strategy.py").read_text() == before
 
 
 def test_syntax_error_is_reported_and_not_run(backend):
     obs, _, done, _ = backend.step("touch ran.txt\nif then fi (")
     assert obs.startswith("/bin/bash: line 2: syntax error near unexpected token")
     assert backend.returncode == 2 and not done
-    assert not (backend.task_workspace / "ran.txt").exists()
+    assert not (backend.host_workspace / "ran.txt").exists()
     assert backend.communicate("echo still fine") == "still fine"
 
 
@@ -624,4 +624,4 @@ def test_secret_files_are_only_in_the_evaluation_copy(tmp_path):
         env.step("printf '1\\n1\\n1\\n1\\n' > submission.csv")
         obs, _, _, info = env.step("validate")
         assert info["score"] == [{"acc": 0.75}]
-        assert not (env.task_workspace / "answers.txt").exists()
+        assert not (env.host_workspace / "answers.txt").exists()

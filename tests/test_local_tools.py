@@ -71,12 +71,12 @@ def test_create_and_insert(tools):
     obs = tools.communicate("insert 1 << 'end_of_insert'\nimport os\nprint(os.getcwd())\nend_of_insert")
     assert obs.split("\n")[1:4] == ["1:", "2:import os", "3:print(os.getcwd())"]
     assert obs.split("\n")[-1].startswith("File updated.")
-    assert (tools.task_workspace / "notes.py").read_text() == "\nimport os\nprint(os.getcwd())\n"
+    assert (tools.host_workspace / "notes.py").read_text() == "\nimport os\nprint(os.getcwd())\n"
 
 
 def test_edit_rejected_on_new_lint_errors_and_rolled_back(tools):
     tools.communicate('open "strategy.py"')
-    before = (tools.task_workspace / "strategy.py").read_text()
+    before = (tools.host_workspace / "strategy.py").read_text()
     obs = tools.communicate("edit 6:6 << 'end_of_edit'\n    return undefined_name\nend_of_edit")
     assert observation_kind(obs) == "lint_rejection"
     lines = obs.split("\n")
@@ -84,7 +84,7 @@ def test_edit_rejected_on_new_lint_errors_and_rolled_back(tools):
     assert "This is how your edit would have looked if applied" in lines
     assert "This is the original code before your edit" in lines
     assert "6:    return undefined_name" in lines and "6:    return 0" in lines
-    assert (tools.task_workspace / "strategy.py").read_text() == before
+    assert (tools.host_workspace / "strategy.py").read_text() == before
 
 
 def test_pre_existing_errors_do_not_block_an_edit(tools):
@@ -92,7 +92,7 @@ def test_pre_existing_errors_do_not_block_an_edit(tools):
     tools.communicate('open "old.py"')
     obs = tools.communicate("edit 3:3 << 'end_of_edit'\ny = 2\nz = 3\nend_of_edit")
     assert observation_kind(obs) == "file_window" and "File updated." in obs
-    assert (tools.task_workspace / "old.py").read_text() == "x = missing\n\ny = 2\nz = 3\n"
+    assert (tools.host_workspace / "old.py").read_text() == "x = missing\n\ny = 2\nz = 3\n"
     obs = tools.communicate("edit 1:1 << 'end_of_edit'\nx = still_missing\nend_of_edit")
     assert "- F821 undefined name 'still_missing'" in obs  # an error inside the edited lines counts as new
 

@@ -6,8 +6,10 @@ The order of operations in ``step`` and every observation text an agent can rely
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import TaskFilesMissing
+from ...errors import BackendUnavailable, TaskFilesMissing
 from ...specs import TaskSpec
 from ..protocol import ToolSet, new_info
 from . import limits as limits_mod
+from . import sandbox as sandbox_mod
 from . import toolset
 from .evaluation import (
+    HARNESS_DIR,
     EvaluationFormatError,
     Evaluator,
     SubmissionNotFoundError,
@@ -34,7 +38,16 @@ from .session import Result, ShellSession
 
 SHORT_TIMEOUT = 25.0
 LONG_TIMEOUT = 3600
-TRAIN_COMMANDS = ("torchrun", "python", "python3", "accelerate", "deepspeed")
+DEFAULT_MEMORY_MB = 4096
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PASSED_VARIABLES = frozenset({"LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
+PASSED_PREFIXES = ("OPENBLAS_",)  # numerical-library settings some hosts need for correct results
+ALIASES_MOUNT = "/opt/mlgym-registry/aliases.sh"
+PACKAGE_DIR = Path(__file__).resolve().parents[2]
+"""This package's folder (task files, data): never shown to the agent."""
+DEFAULT_FILE_MB = 4096
+TRAIN_COMMANDS = frozenset({"torchrun", "python", "python3", "accelerate", "deepspeed"})
+"""Programs whose commands get the long (training) timeout, as MLGym gives them; only as a command, not any word."""
 SPECIAL_EXITS = ("exit_context", "exit_cost", "exit_error", "exit_format", "exit_api")
 EDIT_PATTERN = re.compile(r"^edit\s+(\d+):(\d+)(?:\n|$|\s)", re.MULTILINE)
 VALIDATION = re.compile(r"<<VALIDATION\|\|(.*)\|\|VALIDATION>>", re.DOTALL)
@@ -86,6 +99,8 @@ class _Resources:
         self.owner = os.getpid()
         self.session: ShellSession | None = None
         self.cgroup: limits_mod.PidsCgroup | None = None
+        self.memory: limits_mod.MemoryCgroup | None = None
+        self.owner_lock: int | None = None
 
     def stop_session(self) -> None:
         if self.session is not None:
@@ -105,7 +120,13 @@ class _Resources:
                 time.sleep(0.01)
             self.cgroup.remove()
             self.cgroup = None
+        if self.memory is not None:
+            self.memory.remove()
+            self.memory = None
         force_rmtree(self.root)
+        if self.owner_lock is not None:
+            os.close(self.owner_lock)
+            self.owner_lock = None
 
 
 ROOT_PREFIX = "mlgym-registry-"
@@ -113,35 +134,58 @@ OWNER_FILE = "owner.pid"
 
 
 def sweep_orphans(parent: Path) -> None:
-    """Remove backend folders whose owning process is gone (it was SIGKILLed before it could clean up)."""
+    """Remove backend folders whose owning process is gone (it was SIGKILLed before it could clean up).
+
+    The owner holds a lock on its ``owner.pid`` for as long as it lives; a folder is an orphan only when that lock
+    can be taken. Locks, unlike pids, mean the same in every PID namespace, and writing the file forges nothing.
+    """
     try:
         candidates = list(parent.glob(f"{ROOT_PREFIX}*/{OWNER_FILE}"))
     except OSError:
         return
     for owner_file in candidates:
         try:
-            owner = owner_file.read_text().strip()
+            fd = os.open(owner_file, os.O_RDONLY)
         except OSError:
             continue
-        if owner.isdigit() and not limits_mod.pid_alive(owner):
-            force_rmtree(owner_file.parent)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its owner is alive
+        finally:
+            os.close(fd)
+        force_rmtree(owner_file.parent)
+
+
+def _hold_owner_lock(root: Path) -> int:
+    """Write ``owner.pid`` and lock it for this process's lifetime (see ``sweep_orphans``)."""
+    fd = os.open(root / OWNER_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 class LocalBackend:
     """An MLGym-compatible environment in a temporary workspace on this machine.
 
-    One persistent ``bash`` per episode (stderr merged, own process session), MLGym's tool language, step counting,
-    special actions, output normalisation and validate/submit evaluation. Safety: per-command timeouts that kill the
-    command's whole process tree, capped output, CPU/memory/process limits, no network where the OS allows it, and
-    nothing left running or on disk after ``close()`` (also on garbage collection and interpreter exit).
+    One persistent ``bash`` per episode (stderr merged), MLGym's tool language, step counting, special actions,
+    output normalisation and validate/submit evaluation. Everything the agent runs, and the agent's code that an
+    evaluation runs, is in a bubblewrap sandbox (``sandbox.py``): own namespaces, the host read-only and mostly
+    hidden, the workspace at ``/home/agent/workspace`` as the only writable place. Scores come from the pristine
+    evaluator with the agent's code in another process (``evaluation.py``). Per-command timeouts kill the command's
+    whole process tree; output, memory, process and file-size limits; nothing left running or on disk after
+    ``close()`` (also on garbage collection, interpreter exit, or the owner's death).
 
-    Parameters: ``command_timeout`` (seconds for ordinary commands), ``long_timeout`` (for commands that mention
-    ``python``/``torchrun``/...; default the task's ``training_timeout`` or 3600), ``max_output_chars`` (cap on one
-    observation), ``memory_limit_mb`` (address space per process), ``cpu_seconds`` (CPU time per process),
-    ``max_processes`` (tasks alive at once in the session), ``network`` (allow network access), ``seed`` (exported to
-    evaluators as ``MLGYM_REGISTRY_SEED``), ``workspace_dir`` (folder to create the private temporary folder in),
-    ``python`` (the interpreter the agent's shell and the evaluator use, e.g. a virtual environment with the task's
-    packages, as MLGym's conda environment would have them; default the one running this process).
+    Parameters: ``command_timeout`` (seconds for ordinary commands), ``long_timeout`` (for commands that run a
+    training program: ``python``, ``torchrun``, ...; default the task's ``training_timeout`` or 3600),
+    ``max_output_chars`` (cap on one observation), ``memory_limit_mb`` (memory of the whole env when a memory cgroup
+    can be made, else address space per process; default 4096), ``cpu_seconds`` (CPU time per process),
+    ``max_processes`` (tasks alive at once in the session), ``max_file_mb`` (largest file a command may write; default
+    4096), ``network`` (allow network access), ``seed`` (exported to evaluators as ``MLGYM_REGISTRY_SEED``),
+    ``workspace_dir`` (folder to create the private temporary folder in), ``python`` (the interpreter the agent's
+    shell and the evaluator use, e.g. a virtual environment with the task's packages, as MLGym's conda environment
+    would have them; default the one running this process), ``sandbox`` (``"bwrap"``, the default, or ``"none"`` to
+    run unsandboxed: unsafe, for trusted policies only).
     """
 
     name = "mlgym_main"
@@ -153,20 +197,33 @@ class LocalBackend:
         command_timeout: float = SHORT_TIMEOUT,
         long_timeout: float | None = None,
         max_output_chars: int = 100_000,
-        memory_limit_mb: int | None = None,
+        memory_limit_mb: int | None = DEFAULT_MEMORY_MB,
         cpu_seconds: int | None = None,
         max_processes: int | None = 1024,
+        max_file_mb: int | None = DEFAULT_FILE_MB,
         network: bool = False,
         seed: int | None = None,
         workspace_dir: str | None = None,
         python: str | None = None,
+        sandbox: str = "bwrap",
     ):
+        if sandbox not in sandbox_mod.SANDBOX_MODES:
+            raise ValueError(f"local backend: sandbox={sandbox!r}; use one of {', '.join(sandbox_mod.SANDBOX_MODES)}")
+        if sandbox == "bwrap":
+            try:
+                sandbox_mod.check()
+            except sandbox_mod.SandboxUnavailable as exc:
+                raise BackendUnavailable(f"local backend: {exc}") from None
+        else:
+            sandbox_mod.warn_unsandboxed()
+        self.sandboxed = sandbox == "bwrap"
         self.python = _interpreter(python)
         self.spec = spec
         self.command_timeout = command_timeout
         self.long_timeout = long_timeout if long_timeout is not None else (spec.training_timeout or LONG_TIMEOUT)
         self.max_output_chars = max_output_chars
         self.limits = limits_mod.Limits(memory_limit_mb, cpu_seconds, max_processes)
+        self.max_file_mb = max_file_mb
         self.network = network
         self.seed = seed
         self.max_steps = spec.max_steps
@@ -178,21 +235,26 @@ class LocalBackend:
 
         sweep_orphans(Path(workspace_dir or tempfile.gettempdir()))
         root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX, dir=workspace_dir))
-        (root / OWNER_FILE).write_text(str(os.getpid()))
         self._res = _Resources(root)
+        self._res.owner_lock = _hold_owner_lock(root)
         self._finalizer = weakref.finalize(self, self._res.release)
-        self.task_workspace = root / "workspace"
+        self.host_workspace = root / "workspace"
+        """The workspace's folder on this machine (what the driver reads and writes)."""
+        self.task_workspace = Path(sandbox_mod.AGENT_WORKSPACE) if self.sandboxed else self.host_workspace
+        """The workspace as the agent sees it (MLGym's ``/home/agent/workspace`` when sandboxed)."""
         self._home, self._tmp, self._commands = root / "home", root / "tmp", root / "commands"
         self._pristine_dir, self._scratch = root / "pristine", root / "scratch"
-        for folder in (self._home, self._tmp, self._commands, self._pristine_dir, self._scratch, self.task_workspace):
+        for folder in (self._home, self._tmp, self._commands, self._pristine_dir, self._scratch, self.host_workspace):
             folder.mkdir()
         self._added: list[dict[str, str]] = []
         self._scores: list[Any] = []
         self._pristine: dict[str, Path] = {}
+        self._secrets: set[str] = set()
         self._limit_hits = 0
+        self._oom_kills = 0
 
         self._prefix: tuple[str, ...] = ()
-        if not network:
+        if not network and not self.sandboxed:
             prefix = limits_mod.network_isolation_prefix()
             if prefix is None:
                 limits_mod.warn_no_network_isolation()
@@ -207,6 +269,8 @@ class LocalBackend:
             elif self._res.cgroup is None:
                 self.notes.append("max_processes is not enforced: no pids cgroup could be created, and running as "
                                   "root RLIMIT_NPROC does not apply")
+        if memory_limit_mb:
+            self._res.memory = limits_mod.MemoryCgroup.create(memory_limit_mb)
         self._bash = "/bin/bash" if os.path.exists("/bin/bash") else (shutil.which("bash") or "bash")
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
@@ -238,7 +302,7 @@ class LocalBackend:
     def install_tools(self) -> ToolSet:
         """Define ``state``, the tool commands and their variables in the session; return their ``ToolSet``."""
         self.tools = toolset.tool_set()
-        self._run_setup(toolset.install_script())
+        self._run_setup(self._tools_script())
         return self.tools
 
     def add_commands(self, commands: list[dict[str, str]]) -> None:
@@ -256,7 +320,7 @@ class LocalBackend:
                 path.chmod(0o755)
             self._added.append(dict(command))
             if command["type"] == "source_file":
-                self._run_setup(f"source {_quote(path)}")
+                self._run_setup(f"source {_quote(self._commands_path() + '/' + command['name'])}")
 
     # -- running commands ------------------------------------------------------------------------------------------
     def communicate(
@@ -321,7 +385,7 @@ class LocalBackend:
         if EDIT_PATTERN.match(action) and "end_of_edit" not in action:
             return MALFORMED_EDIT, 0, False, info
 
-        timeout = self.long_timeout if any(word in action for word in TRAIN_COMMANDS) else self.command_timeout
+        timeout = self.long_timeout if runs_training(action) else self.command_timeout
         try:
             observation = self.communicate(action, timeout, self.long_timeout, set_last_action=True)
         except CommandTimeout as exc:
@@ -381,14 +445,16 @@ class LocalBackend:
         extra = {"MLGYM_REGISTRY_SEED": str(self.seed)} if self.seed is not None else {}
         return Evaluator(
             entrypoint=self.spec.task_entrypoint,
-            workspace=self.task_workspace,
+            workspace=self.host_workspace,
             evaluation_paths=list(self.spec.evaluation_paths),
             pristine=dict(self._pristine),
             scratch_root=self._scratch,
             python=self.python,
             env=self._environment(),
             timeout=float(self.task.args.training_timeout if self.task else self.long_timeout),
-            prefix=self._prefix,
+            wrap=self._wrap_evaluation if self.sandboxed else self._wrap_unsandboxed,
+            workspace_path=str(self.task_workspace) if self.sandboxed else None,
+            secrets=frozenset(self._secrets),
             preexec=self._preexec(),
             max_output_bytes=4 * self.max_output_chars,
             extra_env=extra,
@@ -405,7 +471,7 @@ class LocalBackend:
         )
 
     def _prepare_workspace(self) -> None:
-        workspace = self.task_workspace
+        workspace = self.host_workspace
         force_rmtree(workspace)
         workspace.mkdir()
         for item in self.spec.starter_code:
@@ -426,7 +492,7 @@ class LocalBackend:
 
     def _copy_datasets(self) -> None:
         """Local datasets into ``workspace/data``, read-only; evaluations see the task's own copy, not the agent's."""
-        data = self.task_workspace / "data"
+        data = self.host_workspace / "data"
         for dataset in self.spec.datasets:
             if not dataset.get("is_local") or not dataset.get("data_path"):
                 continue
@@ -444,19 +510,20 @@ class LocalBackend:
                 target.mkdir(parents=True, exist_ok=True)
                 target = target / source.name
                 shutil.copy2(source, target)
-            self._pristine[str(target.relative_to(self.task_workspace))] = source
+            self._pristine[str(target.relative_to(self.host_workspace))] = source
         if data.exists():
             _chmod_tree(data, 0o555)
 
     def _hide_secrets(self) -> None:
         """Take ``spec.secret_files`` (e.g. a test set's answers) out of the workspace; evaluations still see them."""
         for relative in self.spec.secret_files:
-            path = self.task_workspace / relative
+            path = self.host_workspace / relative
             if not path.exists():
                 continue
             covered = any(relative == key or relative.startswith(key.rstrip("/") + "/") for key in self._pristine)
             if not covered:
                 self._keep_pristine(relative)
+            self._secrets.add(relative)
             if path.is_dir():
                 force_rmtree(path)
             else:
@@ -470,7 +537,7 @@ class LocalBackend:
         self._pristine_dir.mkdir()
         self._pristine = {}
         for relative, mode in guarded.items():
-            source = self.task_workspace / relative
+            source = self.host_workspace / relative
             if not source.exists():
                 continue
             self._keep_pristine(relative)
@@ -478,7 +545,7 @@ class LocalBackend:
 
     def _keep_pristine(self, relative: str) -> None:
         """Copy ``workspace/relative`` aside; evaluations put this copy back over whatever the agent left there."""
-        source, copy = self.task_workspace / relative, self._pristine_dir / relative
+        source, copy = self.host_workspace / relative, self._pristine_dir / relative
         copy.parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             shutil.copytree(source, copy)
@@ -487,50 +554,99 @@ class LocalBackend:
         self._pristine[relative] = copy
 
     def _environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("BASH_FUNC_", "MLGR_"))}
+        """The variables of the agent's shell and of evaluations: built from scratch when sandboxed (never the
+        driver's own, which may hold keys), else the driver's less what would confuse bash."""
         bin_dir = os.path.dirname(self.python)
-        env.update(
-            PATH=os.pathsep.join([bin_dir, str(self._commands), env.get("PATH", os.defpath)]),
-            HOME=str(self._home),
-            TMPDIR=str(self._tmp),
-            PYTHONUNBUFFERED="1",
-            PIP_DISABLE_PIP_VERSION_CHECK="1",
-        )
+        if self.sandboxed:
+            env = {k: v for k, v in os.environ.items() if k in PASSED_VARIABLES or k.startswith(PASSED_PREFIXES)}
+            env.update(
+                PATH=os.pathsep.join([bin_dir, self._commands_path(), SYSTEM_PATH]),
+                HOME=sandbox_mod.AGENT_HOME,
+                TMPDIR="/tmp",
+                USER="agent",
+                LANG=os.environ.get("LANG", "C.UTF-8"),
+            )
+        else:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("BASH_FUNC_", "MLGR_"))}
+            env.update(
+                PATH=os.pathsep.join([bin_dir, str(self._commands), env.get("PATH", os.defpath)]),
+                HOME=str(self._home),
+                TMPDIR=str(self._tmp),
+            )
+            env.pop("PS1", None)
+        env.update(PYTHONUNBUFFERED="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
         if os.path.exists(os.path.join(bin_dir, "activate")):
             env["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
-        env.pop("PS1", None)
         if self.seed is not None:
             env["MLGYM_REGISTRY_SEED"] = str(self.seed)
         return env
 
+    def _commands_path(self) -> str:
+        """Where the agent's shell finds the files of ``add_commands``."""
+        return sandbox_mod.COMMANDS_MOUNT if self.sandboxed else str(self._commands)
+
+    def _sandbox_spec(self, workspace: Path, *, writable: bool) -> sandbox_mod.SandboxSpec:
+        """What a sandboxed process of this env sees: ``workspace`` at the agent's path, our tools, Python."""
+        roots = sandbox_mod.python_roots(self.python) + sandbox_mod.python_roots(sys.executable)  # tools run this one
+        binds = [sandbox_mod.Bind(root, root) for root in sandbox_mod.outermost(roots)]
+        binds += [
+            sandbox_mod.Bind(str(toolset.TOOLS_DIR), sandbox_mod.TOOLS_MOUNT),
+            sandbox_mod.Bind(str(HARNESS_DIR), sandbox_mod.HARNESS_MOUNT),
+            sandbox_mod.Bind(str(self._commands), sandbox_mod.COMMANDS_MOUNT),
+            sandbox_mod.Bind(str(workspace), sandbox_mod.AGENT_WORKSPACE, writable=writable),
+        ]
+        if self.spec.aliases_file:
+            binds.append(sandbox_mod.Bind(str(self.spec.resolve_path(self.spec.aliases_file)), ALIASES_MOUNT))
+        hidden = [str(PACKAGE_DIR), str(self._res.root)]
+        if self.spec.root:
+            hidden.append(str(Path(self.spec.root).resolve()))
+        return sandbox_mod.SandboxSpec(binds=binds, hidden=hidden, network=self.network)
+
+    def _wrap_evaluation(self, argv: list[str], view: Path) -> list[str]:
+        return sandbox_mod.command(argv, self._sandbox_spec(view, writable=False))
+
+    def _wrap_unsandboxed(self, argv: list[str], _view: Path) -> list[str]:
+        return [*self._prefix, *argv]
+
     def _preexec(self):
-        cgroup = self._res.cgroup
-        return limits_mod.make_preexec(self.limits, self._nproc, cgroup.procs_file if cgroup else None)
+        cgroups = [c.procs_file for c in (self._res.cgroup, self._res.memory) if c is not None]
+        return limits_mod.make_preexec(
+            self.limits, self._nproc, cgroups, memory_rlimit=self._res.memory is None, file_size_mb=self.max_file_mb
+        )
 
     def _start_session(self) -> None:
         self._res.stop_session()
         cgroup = self._res.cgroup
+        prefix = self._prefix
+        if self.sandboxed:
+            prefix = tuple(sandbox_mod.command([], self._sandbox_spec(self.host_workspace, writable=True)))
         self._res.session = ShellSession(
-            self.task_workspace,
+            self.host_workspace,
             self._environment(),
             bash=self._bash,
-            prefix=self._prefix,
+            prefix=prefix,
             preexec=self._preexec(),
             max_output_bytes=4 * self.max_output_chars,
             extra_kill=cgroup.members if cgroup else None,
         )
         self._limit_hits = cgroup.hit_limit_count() if cgroup else 0
+        self._oom_kills = self._res.memory.oom_kills() if self._res.memory else 0
         lines = []
-        if self._prefix:
+        if self._prefix and not self.sandboxed:
             lines.append("command -v ip >/dev/null 2>&1 && ip link set lo up >/dev/null 2>&1")
         lines.append(toolset.reset_variables_script())
         if self.spec.aliases_file:
-            lines += ["shopt -s expand_aliases", f"source {_quote(self.spec.resolve_path(self.spec.aliases_file))}"]
+            aliases = ALIASES_MOUNT if self.sandboxed else self.spec.resolve_path(self.spec.aliases_file)
+            lines += ["shopt -s expand_aliases", f"source {_quote(aliases)}"]
         if self.tools is not None:
-            lines.append(toolset.install_script())
-        lines += [f"source {_quote(self._commands / c['name'])}" for c in self._added if c["type"] == "source_file"]
+            lines.append(self._tools_script())
+        lines += [f"source {_quote(self._commands_path() + '/' + c['name'])}"
+                  for c in self._added if c["type"] == "source_file"]
         lines.append(f"cd {_quote(self.task_workspace)}")
         self._run_setup("\n".join(lines))
+
+    def _tools_script(self) -> str:
+        return toolset.install_script(sandbox_mod.TOOLS_MOUNT if self.sandboxed else None)
 
     def _run_setup(self, script: str) -> None:
         if self._res.session is None or not self._res.session.alive:
@@ -557,7 +673,15 @@ class LocalBackend:
         )
 
     def _after_command(self, output: str) -> str:
-        """Stop what a command left behind when it ran into the process limit (a fork bomb keeps forking)."""
+        """Say when the command ran into the memory limit; stop what it left behind at the process limit."""
+        memory = self._res.memory
+        if memory is not None and memory.oom_kills() != self._oom_kills:
+            self._oom_kills = memory.oom_kills()
+            note = (
+                f"NOTE: the command ran out of memory: this environment may use {self.limits.memory_limit_mb} MB in "
+                "all, and the system killed the process that went over it."
+            )
+            output = f"{output}\n{note}" if output else note
         cgroup = self._res.cgroup
         if cgroup is None:
             return output
@@ -597,6 +721,39 @@ class LocalBackend:
         self.close()
 
 
+_COMMAND_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "{", "}", "!", "|&", ";;", "then", "do", "else"})
+_WRAPPERS = frozenset({"nohup", "time", "env", "exec", "nice", "stdbuf", "command"})
+_PYTHON = re.compile(r"python[0-9.]*")
+
+
+def runs_training(action: str) -> bool:
+    """Whether a command line runs a training program (``python ...``, ``torchrun ...``) as one of its commands.
+
+    Only the program position counts: ``sleep 12 # python`` or ``echo python`` is an ordinary command.
+    """
+    for line in action.splitlines():
+        try:
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            tokens = list(lexer)
+        except ValueError:
+            tokens = line.split()
+        at_start = True
+        for token in tokens:
+            if token in _COMMAND_SEPARATORS:
+                at_start = True
+                continue
+            if not at_start:
+                continue
+            if "=" in token.split("/")[0] or token in _WRAPPERS:
+                continue  # VAR=value prefixes and wrappers: the program comes next
+            name = token.rsplit("/", 1)[-1]
+            if name in TRAIN_COMMANDS or _PYTHON.fullmatch(name):
+                return True
+            at_start = False
+    return False
+
+
 def _interpreter(python: str | None) -> str:
     """The absolute path of the ``python=`` option's interpreter (a path or a command name on ``PATH``)."""
     if python is None:
@@ -611,8 +768,6 @@ def _interpreter(python: str | None) -> str:
 
 
 def _quote(value: object) -> str:
-    import shlex
-
     return shlex.quote(str(value))
 
 

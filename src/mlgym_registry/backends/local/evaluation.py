@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,22 +47,39 @@ def format_error(output: str) -> EvaluationFormatError:
     )
 
 
+Wrap = Callable[[list[str], Path], list[str]]
+"""Turns a command into one that runs sandboxed with a folder shown as the workspace (identity when unsandboxed)."""
+
+
 @dataclass
 class Evaluator:
-    """Runs one task's evaluation against a workspace."""
+    """Runs one task's evaluation against a snapshot of the agent's workspace.
+
+    The snapshot is taken twice: the *agent view* (the agent's files, with the pristine evaluation and protected
+    files put back) for the process that runs the agent's code, and the *evaluation view* (the same plus the secret
+    files) for the pristine evaluator, which ``harness.py`` runs so that the agent's modules are proxies to the
+    other process. ``wrap`` sandboxes both; ``workspace_path`` is where they see their view (the agent's path too).
+    """
 
     entrypoint: str
-    workspace: Path
+    workspace: Path  # the host folder of the agent's workspace
     evaluation_paths: list[str]
     pristine: dict[str, Path]  # workspace-relative path -> pristine copy (or the task's own data folder)
     scratch_root: Path
     python: str
     env: dict[str, str]
     timeout: float
-    prefix: Sequence[str] = ()
+    wrap: Wrap | None = None
+    workspace_path: str | None = None  # where the agent sees its workspace (default: the host folder)
+    secrets: frozenset[str] = frozenset()  # keys of ``pristine`` the agent must never see
     preexec: Callable[[], None] | None = None
     max_output_bytes: int = 400_000
     extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def shown_workspace(self) -> str:
+        """The workspace's path as the agent and its observations name it."""
+        return self.workspace_path or str(self.workspace)
 
     def evaluate(self) -> tuple[Any, str]:
         """``(metrics, submission_path)``, or one of this module's exceptions (or ``TimeoutError``)."""
@@ -74,35 +91,39 @@ class Evaluator:
         submission = self._find_submission()
         scratch = Path(tempfile.mkdtemp(prefix="eval-", dir=self.scratch_root))
         try:
-            copy = scratch / self.workspace.name
-            _link_tree(self.workspace, copy)
+            agent_view, eval_view = scratch / "agent", scratch / "eval"
+            _snapshot(self.workspace, agent_view, skip=set(self.pristine))
             for relative, source in self.pristine.items():
-                _restore(source, copy / relative)
-            script = copy / (self.evaluation_paths[0] if self.evaluation_paths else "evaluate.py")
-            argv = [self.python, str(script)]
+                if relative not in self.secrets:
+                    _restore(source, agent_view / relative)
+            _link_tree(agent_view, eval_view)
+            for relative, source in self.pristine.items():
+                _restore(source, eval_view / relative)
+            script = self.evaluation_paths[0] if self.evaluation_paths else "evaluate.py"
+            argv = [script]
+            relative_submission = Path(submission).relative_to(self.shown_workspace)
             if self.entrypoint == "CSVSubmissionTasks":
-                argv += ["--submission_file", str(copy / Path(submission).relative_to(self.workspace))]
+                argv += ["--submission_file", str(relative_submission)]
             elif self.entrypoint == "ModelSubmissionTasks":
-                argv += ["--config_fname", str(copy / Path(submission).relative_to(self.workspace))]
-            # no stale or planted byte code, no user site-packages: the evaluator imports what the copy holds
-            guard = {"PYTHONPYCACHEPREFIX": str(scratch / "pycache"), "PYTHONNOUSERSITE": "1"}
-            output = self._run(argv, copy, guard).replace(str(copy), str(self.workspace))
+                argv += ["--config_fname", str(relative_submission)]
+            output = self._run(argv, agent_view, eval_view)
         finally:
             _force_rmtree(scratch)
         return self._parse(output), submission
 
     def _find_submission(self) -> str:
+        shown = self.shown_workspace
         if self.entrypoint == "PythonSubmissionTasks":
-            return f"{self.workspace}/target.py"
+            return f"{shown}/target.py"
         if self.entrypoint == "CSVSubmissionTasks":
             if "submission.csv" in os.listdir(self.workspace):
-                return f"{self.workspace}/submission.csv"
+                return f"{shown}/submission.csv"
             raise SubmissionNotFoundError("no submission.csv in the workspace")
         for folder, dirs, files in sorted(os.walk(self.workspace)):
             dirs.sort()
             for name in sorted(files):
                 if name.endswith(".yaml"):
-                    return str(Path(folder) / name)
+                    return str(Path(shown) / Path(folder, name).relative_to(self.workspace))
         raise SubmissionNotFoundError("no *.yaml configuration in the workspace")
 
     def _parse(self, output: str) -> Any:
@@ -118,41 +139,137 @@ class Evaluator:
         except json.JSONDecodeError:
             raise format_error(output) from None
 
-    def _run(self, argv: list[str], cwd: Path, env: dict[str, str]) -> str:
-        proc = subprocess.Popen(
-            [*self.prefix, *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=str(cwd),
-            env={**self.env, **self.extra_env, **env},
-            start_new_session=True,
-            preexec_fn=self.preexec,
-        )
+    def _trusted_modules(self) -> list[str]:
+        """Top-level module names the pristine files define: the evaluator imports these, never the agent's."""
+        names = set()
+        for relative, source in self.pristine.items():
+            first, _, rest = relative.partition("/")
+            if not rest and first.endswith(".py"):
+                names.add(first[:-3])
+            elif not rest and Path(source).is_dir() and (Path(source) / "__init__.py").is_file():
+                names.add(first)
+        return sorted(names)
+
+    def _run(self, argv: list[str], agent_view: Path, eval_view: Path) -> str:
+        """Run the evaluator (and, for tasks that import the agent's code, that code's process); its output."""
+        wrap = self.wrap or (lambda command, _view: command)
+        sandboxed = self.workspace_path is not None  # each view is then shown at the agent's workspace path
+
+        def inside(view: Path) -> str:
+            return self.workspace_path if sandboxed else str(view)  # type: ignore[return-value]
+
+        harness = harness_path(sandboxed=sandboxed)
+        env = {**self.env, **self.extra_env, "PYTHONDONTWRITEBYTECODE": "1"}
+        isolate = self.entrypoint != "ModelSubmissionTasks"  # model tasks load the agent's network code in-process
+        runner = None
+        fds: tuple[int, ...] = ()
+        if isolate:
+            request_read, request_write = os.pipe()
+            answer_read, answer_write = os.pipe()
+            runner = subprocess.Popen(
+                wrap([self.python, "-I", harness, "serve", "--workspace", inside(agent_view)], agent_view),
+                stdin=request_read, stdout=answer_write, stderr=subprocess.DEVNULL, cwd=str(agent_view), env=env,
+                start_new_session=True, preexec_fn=self.preexec,
+            )
+            os.close(request_read)
+            os.close(answer_write)
+            fds = (request_write, answer_read)
+        command = [self.python, "-I", harness, "evaluate", "--workspace", inside(eval_view),
+                   "--trusted", ",".join(self._trusted_modules()) or ",",
+                   "--fds", ",".join(map(str, fds)) or ",", "--",
+                   f"{inside(eval_view)}/{argv[0]}", *argv[1:]]
+        try:
+            proc = subprocess.Popen(
+                wrap(command, eval_view), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, cwd=str(eval_view), env=env, start_new_session=True,
+                preexec_fn=self.preexec, pass_fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            output = self._collect(proc)
+        finally:
+            for process in (proc, runner):
+                if process is not None:
+                    _end(process)
+        if not sandboxed:
+            output = output.replace(str(eval_view), self.shown_workspace)
+        return output
+
+    def _collect(self, proc: subprocess.Popen) -> str:
         buffer = CappedBuffer(self.max_output_bytes)
         fd = proc.stdout.fileno()  # type: ignore[union-attr]
         deadline = time.monotonic() + self.timeout
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"the evaluation did not finish within {_seconds(self.timeout)} seconds")
-                ready, _, _ = select.select([fd], [], [], left)
-                if ready:
-                    data = os.read(fd, 1 << 16)
-                    if not data:
-                        break
-                    buffer.add(data)
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        finally:
-            leftovers = procs.session_processes(proc.pid) | ({proc.pid} if proc.poll() is None else set())
-            procs.kill_all(leftovers)
-            proc.stdout.close()  # type: ignore[union-attr]
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the evaluation did not finish within {_seconds(self.timeout)} seconds")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    break
+                buffer.add(data)
+        proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
         return normalise(buffer.contents())
+
+
+def harness_path(*, sandboxed: bool) -> str:
+    """Where the evaluation harness is, as the evaluator's process sees it."""
+    from .sandbox import HARNESS_MOUNT
+
+    return f"{HARNESS_MOUNT}/harness.py" if sandboxed else str(HARNESS_DIR / "harness.py")
+
+
+HARNESS_DIR = Path(__file__).parent / "harness"
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill a process and everything it started; close its pipe."""
+    leftovers = procs.session_processes(proc.pid) | ({proc.pid} if proc.poll() is None else set())
+    procs.kill_all(leftovers)
+    if proc.stdout is not None:
+        proc.stdout.close()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _snapshot(source: Path, target: Path, skip: set[str]) -> None:
+    """Copy the workspace (real copies: the agent may still be writing to it), leaving out ``skip`` paths."""
+
+    def ignore(folder: str, names: list[str]) -> list[str]:
+        relative = os.path.relpath(folder, source)
+        prefix = "" if relative == "." else relative + "/"
+        return [name for name in names if prefix + name in skip]
+
+    shutil.copytree(source, target, symlinks=True, ignore=ignore)
+    _resolve_links(source, target)
+
+
+def _resolve_links(source: Path, target: Path) -> None:
+    """Replace the snapshot's symbolic links by copies of what they point to inside the workspace, and drop the rest.
+
+    A link is the agent's; resolved in the evaluation's view it could reach a file the agent may not read (a secret
+    answer put back only there) or a host file. Only targets inside the live workspace, as the agent sees it, count.
+    """
+    root = source.resolve()
+    for folder, dirs, files in os.walk(target):
+        for name in [*dirs, *files]:
+            link = Path(folder, name)
+            if not link.is_symlink():
+                continue
+            original = source / link.relative_to(target)
+            resolved = original.resolve()
+            link.unlink()
+            if not resolved.is_relative_to(root) or not resolved.exists():
+                continue
+            if resolved.is_dir():
+                shutil.copytree(resolved, link, symlinks=True)  # links inside are resolved as the walk reaches them
+            else:
+                shutil.copy2(resolved, link)
 
 
 def _seconds(value: float) -> str:

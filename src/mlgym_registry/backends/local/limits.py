@@ -41,13 +41,18 @@ def _set(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def make_preexec(limits: Limits, nproc: int | None, cgroup_procs: str | None) -> Callable[[], None]:
-    """The function run in the child between fork and exec: join the cgroup, then set the rlimits.
+def make_preexec(
+    limits: Limits, nproc: int | None, cgroup_procs: str | list[str] | None, *, memory_rlimit: bool = True,
+    file_size_mb: int | None = None,
+) -> Callable[[], None]:
+    """The function run in the child between fork and exec: join the cgroups, then set the rlimits.
 
+    ``memory_rlimit=False`` when a memory cgroup enforces the memory limit (for the whole env, not per process).
     It only makes system calls on values computed beforehand, so it is safe to run in a forked child.
     """
-    pid_file = cgroup_procs.encode() if cgroup_procs else None
-    memory = limits.memory_limit_mb * 1024 * 1024 if limits.memory_limit_mb else None
+    pid_files = [p.encode() for p in ([cgroup_procs] if isinstance(cgroup_procs, str) else cgroup_procs or [])]
+    memory = limits.memory_limit_mb * 1024 * 1024 if limits.memory_limit_mb and memory_rlimit else None
+    file_size = file_size_mb * 1024 * 1024 if file_size_mb else None
     cpu = limits.cpu_seconds
     prctl = _prctl()
     on_main_thread = threading.current_thread() is threading.main_thread()
@@ -65,7 +70,7 @@ def make_preexec(limits: Limits, nproc: int | None, cgroup_procs: str | None) ->
                 prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
                 if os.getppid() != parent:
                     os._exit(1)
-        if pid_file is not None:
+        for pid_file in pid_files:
             try:
                 fd = os.open(pid_file, os.O_WRONLY)
                 try:
@@ -76,6 +81,8 @@ def make_preexec(limits: Limits, nproc: int | None, cgroup_procs: str | None) ->
                 pass  # the cgroup went away: run without it rather than not at all
         if memory:
             _set(resource.RLIMIT_AS, memory)
+        if file_size:
+            _set(resource.RLIMIT_FSIZE, file_size)
         if cpu:
             _set(resource.RLIMIT_CPU, cpu)
         if nproc:
@@ -183,28 +190,92 @@ class PidsCgroup:
         _rmdir(self.path)
 
 
-def _sweep_empty(parent: Path) -> None:
-    """Remove cgroups left by processes that were killed before they could clean up.
+class MemoryCgroup:
+    """A memory cgroup of our own (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``): one limit for a whole env."""
 
-    Only those whose creator is gone; what still runs in them is a straggler of that dead creator and is killed first.
+    def __init__(self, path: Path, v2: bool):
+        self.path, self.v2 = path, v2
+
+    @property
+    def procs_file(self) -> str:
+        """The file a process writes its pid to in order to join."""
+        return str(self.path / "cgroup.procs")
+
+    @classmethod
+    def create(cls, limit_mb: int) -> MemoryCgroup | None:
+        """A new cgroup whose processes may use ``limit_mb`` MiB together, or None when none may be made here."""
+        name = f"mlgym-registry-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        for parent, v2 in _memory_parents():
+            _sweep_empty(parent)
+            path = parent / name
+            try:
+                path.mkdir()
+            except OSError:
+                continue
+            try:
+                limit = str(limit_mb << 20)
+                if v2:
+                    (path / "memory.max").write_text(limit)
+                    if (path / "memory.swap.max").exists():
+                        (path / "memory.swap.max").write_text("0")
+                else:
+                    (path / "memory.limit_in_bytes").write_text(limit)
+                return cls(path, v2)
+            except OSError:
+                _rmdir(path)
+        return None
+
+    def members(self) -> set[int]:
+        """The pids in the cgroup now."""
+        return PidsCgroup(self.path).members()
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel killed so far for going over the limit."""
+        try:
+            text = (self.path / ("memory.events" if self.v2 else "memory.oom_control")).read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
+
+    def remove(self) -> None:
+        """Delete the (empty) cgroup."""
+        _rmdir(self.path)
+
+
+def _memory_parents() -> list[tuple[Path, bool]]:
+    parents: list[tuple[Path, bool]] = []
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "cgroup.procs").exists():
+        own = _own_cgroup("memory")
+        parents += [(v1 / own.lstrip("/"), False)] if own else []
+    for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        if (mount / "cgroup.controllers").exists():
+            own = _own_cgroup("")
+            base = mount / own.lstrip("/") if own is not None else mount
+            try:
+                if "memory" in (base / "cgroup.subtree_control").read_text().split():
+                    parents.append((base, True))
+            except OSError:
+                pass
+    return parents
+
+
+def _sweep_empty(parent: Path) -> None:
+    """Remove empty cgroups left by processes that were killed before they could clean up.
+
+    Never kills what is in one: the pid in a name may belong to another PID namespace, where it means another
+    process, so a cgroup that still has members may be a live env's. A sandbox dies with its owner anyway.
     """
     try:
         stale = [p for p in parent.glob("mlgym-registry-*-*") if not pid_alive(p.name.split("-")[2])]
     except OSError:
         return
     for path in stale:
-        group = PidsCgroup(path)
-        for _ in range(50):
-            members = group.members()
-            if not members:
-                break
-            for pid in members:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.01)
-        _rmdir(path)
+        _rmdir(path)  # fails, as it should, while the cgroup has members
 
 
 def pid_alive(text: str) -> bool:

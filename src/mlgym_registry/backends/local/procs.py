@@ -55,6 +55,30 @@ def session_processes(leader: int) -> set[int]:
     return found
 
 
+def first_descendant_named(ancestor: int, name: str) -> list[int]:
+    """The pids from a child of ``ancestor`` down to its nearest descendant whose command name is ``name`` (breadth
+    first), or an empty list when there is none yet."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid, _sid in _table():
+        children.setdefault(ppid, []).append(pid)
+    queue: list[list[int]] = [[child] for child in sorted(children.get(ancestor, []))]
+    while queue:
+        chain = queue.pop(0)
+        if _command_name(chain[-1]) == name:
+            return chain
+        queue += [[*chain, child] for child in sorted(children.get(chain[-1], []))]
+    return []
+
+
+def _command_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return ""
+    return stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace")
+
+
 def signal_all(pids: Iterable[int], signum: int) -> None:
     """Send ``signum`` to every pid (gone ones are ignored)."""
     for pid in pids:

