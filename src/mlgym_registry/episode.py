@@ -20,6 +20,7 @@ from .errors import FormatError
 from .policies.base import Policy, PolicyExhausted, fenced
 from .specs import TaskSpec
 from .trajectories import Step, TrajectoryWriter
+from .validation import check_option
 
 MAX_FORMAT_ERRORS = 3
 """Consecutive responses without a command after which the episode ends with ``exit_format`` (as in MLGym)."""
@@ -155,8 +156,10 @@ def run_episode(
     """Play one episode of ``env`` with ``policy`` and return its turns and score.
 
     ``writer`` records the episode as it goes; ``on_turn`` is called after every turn. The env is reset here but not
-    closed: the caller owns it.
+    closed: the caller owns it. A ``seed`` that is not an integer >= 0 raises ``InvalidOptionError`` before the env
+    is touched.
     """
+    check_option("seed", seed)
     base, layout = env_parts(env)
     if seed is not None:
         env.set_seed(seed)

@@ -18,6 +18,7 @@ from typing import Any
 from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, UnknownNameError
 from .plugins import BUILTIN_DISTRIBUTION, PluginInfo, PluginLoader, Registration
 from .specs import COMPONENT_KINDS, KINDS, ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
+from .validation import validate_overrides, validate_task_options
 
 SPEC_OVERRIDES = ("max_steps",)
 """``make`` keywords that change the task spec itself (besides the component names)."""
@@ -291,7 +292,11 @@ class Registry:
         return build_component(kind, import_reference(spec.components[kind]))
 
     def resolve(self, name: str | TaskSpec | dict[str, Any], **overrides: Any) -> tuple[ResolvedTask, dict[str, Any]]:
-        """Resolve a task and ``make`` overrides into a ``ResolvedTask`` and the remaining chain options."""
+        """Resolve a task and ``make`` overrides into a ``ResolvedTask`` and the remaining chain options.
+
+        The task's ``max_steps``, ``training_timeout`` and backend options (the spec's merged with the overrides) are
+        checked here, before any component but the backend's factory is loaded, and no backend is made.
+        """
         from .chain import CHAIN_OPTIONS
 
         spec = self.spec(name)
@@ -310,6 +315,7 @@ class Registry:
                 valid = set(CHAIN_OPTIONS) | set(COMPONENT_KINDS) | set(SPEC_OVERRIDES) | accepted | {"backend_options"}
                 raise InvalidOverrideError(unknown, valid)
             backend_options.update(overrides)
+        validate_task_options(spec, backend_options, accepted)
         resolved = ResolvedTask(
             spec=spec,
             backend_factory=backend_factory,
@@ -333,13 +339,16 @@ class Registry:
         Overrides replace what the spec names (``backend=``, ``parser=``, ``template=``, ``reward=``, ``isolator=``,
         ``max_steps=``), configure the chain (``tokenizer=``, ``chat_template_name=``, ``reward_wrong_format=``,
         ``device=``, ``layout=``) or go to the backend (its factory's keyword arguments, or ``backend_options={...}``).
-        Unknown keys raise ``InvalidOverrideError``.
+        Unknown keys raise ``InvalidOverrideError`` (``UnknownOptionError`` for a backend option the backend does
+        not take); a value of the wrong type or out of range raises ``InvalidOptionError`` (a ``ValueError``) naming
+        the option and its valid range (see ``validation.OPTION_RULES``). Both are raised before anything is built.
         """
         if (name is None) == (tasks is None):
             raise TypeError("make() takes a task name or tasks=[...], not both and not neither")
         names = [name] if tasks is None else list(tasks)
         if not names:
             raise TypeError("make(tasks=[...]) needs at least one task")
+        validate_overrides(overrides)
         from .chain import build_env
 
         resolved: list[ResolvedTask] = []

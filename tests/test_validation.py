@@ -1,0 +1,108 @@
+"""`registry.make()` checks its options up front: a bad type or range is a clear error at make(), not at reset."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mlgym_registry import InvalidOverrideError, registry
+from mlgym_registry.episode import run_episode
+from mlgym_registry.policies import make_policy
+from mlgym_registry.validation import InvalidOptionError, UnknownOptionError
+
+BAD_OPTIONS = [
+    ({"max_steps": "5"}, "max_steps must be an integer >= 1, got '5' (str)"),
+    ({"max_steps": 0}, "max_steps must be an integer >= 1, got 0 (int)"),
+    ({"max_steps": True}, "max_steps must be an integer >= 1, got True (bool)"),
+    ({"command_timeout": "abc"}, "command_timeout must be a number > 0, got 'abc' (str)"),
+    ({"command_timeout": -1}, "command_timeout must be a number > 0, got -1 (int)"),
+    ({"command_timeout": math.nan}, "command_timeout must be a number > 0, got nan (float)"),
+    ({"long_timeout": 0}, "long_timeout must be a number > 0 or None, got 0 (int)"),
+    ({"memory_limit_mb": 0}, "memory_limit_mb must be an integer >= 1 or None, got 0 (int)"),
+    ({"cpu_seconds": 1.5}, "cpu_seconds must be an integer >= 1 or None, got 1.5 (float)"),
+    ({"max_processes": -3}, "max_processes must be an integer >= 1 or None, got -3 (int)"),
+    ({"max_output_chars": None}, "max_output_chars must be an integer >= 1, got None (NoneType)"),
+    ({"seed": -1}, "seed must be an integer >= 0 or None, got -1 (int)"),
+    ({"seed": "1"}, "seed must be an integer >= 0 or None, got '1' (str)"),
+    ({"network": "yes"}, "network must be a bool (True or False), got 'yes' (str)"),
+    ({"network": 1}, "network must be a bool (True or False), got 1 (int)"),
+    ({"reward_wrong_format": "-1"}, "reward_wrong_format must be a number or None, got '-1' (str)"),
+    ({"backend_options": {"command_timeout": 0}}, "command_timeout must be a number > 0, got 0 (int)"),
+    ({"backend_options": ["command_timeout"]},
+     "backend_options must be a dict of option names to values, got ['command_timeout'] (list)"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_OPTIONS, ids=[str(o) for o, _ in BAD_OPTIONS])
+def test_a_bad_option_is_refused_at_make_naming_the_option_and_its_range(options, message):
+    with pytest.raises(InvalidOptionError) as caught:
+        registry.make("prisonersDilemma", **options)
+    assert str(caught.value) == message
+    assert isinstance(caught.value, ValueError)
+
+
+def test_good_options_build_an_env():
+    env = registry.make("prisonersDilemma", max_steps=5, command_timeout=2.5, long_timeout=None, memory_limit_mb=None,
+                        cpu_seconds=30, max_processes=None, max_output_chars=1000, seed=0, network=False,
+                        reward_wrong_format=-1)
+    try:
+        assert env.base_env.task.spec.max_steps == 5
+        assert env.base_env.task.backend_options["command_timeout"] == 2.5
+    finally:
+        env.close()
+
+
+def test_an_unknown_backend_option_is_refused_with_a_suggestion():
+    with pytest.raises(UnknownOptionError) as caught:
+        registry.make("prisonersDilemma", backend_options={"command_timeot": 5, "bogus": 1})
+    message = str(caught.value)
+    assert message.startswith("unknown backend option(s) 'bogus', 'command_timeot' (did you mean 'command_timeout'?) "
+                              "for backend 'local'; it takes: ")
+    assert "long_timeout" in message
+    with pytest.raises(InvalidOverrideError, match="unknown override"):  # a keyword make() itself does not know
+        registry.make("prisonersDilemma", bogus=1)
+
+
+def test_options_in_the_spec_are_checked_too():
+    spec = registry.spec("prisonersDilemma")
+    with pytest.raises(InvalidOptionError, match=r"^long_timeout must be a number > 0 or None, got -5 \(int\)$"):
+        registry.make(spec.replace(backend_options={"long_timeout": -5}))
+    with pytest.raises(InvalidOptionError, match=r"^max_steps must be an integer >= 1, got 0 \(int\)$"):
+        registry.make(spec.replace(max_steps=0))
+    with pytest.raises(InvalidOptionError, match=r"^training_timeout must be a number > 0 or None, got 0 \(int\)$"):
+        registry.make(spec.replace(training_timeout=0))
+    with pytest.raises(UnknownOptionError, match="unknown backend option\\(s\\) 'bogus' for backend 'local'"):
+        registry.resolve(spec.replace(backend_options={"bogus": 1}))
+
+
+def test_a_refused_make_builds_nothing_and_changes_nothing():
+    made = []
+
+    def counting_backend(spec, *, command_timeout: float = 1.0):
+        made.append(spec)
+        raise AssertionError("the backend must not be made")
+
+    registry.register("backend", "counting", counting_backend)
+    try:
+        before = registry.spec("prisonersDilemma").to_dict()
+        names = {kind: registry.names(kind) for kind in ("task", "backend", "parser")}
+        with pytest.raises(InvalidOptionError, match="command_timeout must be a number > 0"):
+            registry.make("prisonersDilemma", backend="counting", command_timeout=0)
+        with pytest.raises(UnknownOptionError, match="for backend 'counting'; it takes: command_timeout$"):
+            registry.make("prisonersDilemma", backend="counting", backend_options={"long_timeout": 5})
+        assert made == []
+        assert registry.spec("prisonersDilemma").to_dict() == before
+        assert {kind: registry.names(kind) for kind in names} == names
+    finally:
+        registry.unregister("backend", "counting")
+
+
+def test_run_episode_refuses_a_bad_seed_before_touching_the_env():
+    env = registry.make("prisonersDilemma")
+    try:
+        with pytest.raises(InvalidOptionError, match=r"^seed must be an integer >= 0 or None, got 'abc' \(str\)$"):
+            run_episode(env, make_policy("scripted", task_id="prisonersDilemma"), seed="abc")
+        assert not env.base_env.has_backend  # no reset happened
+    finally:
+        env.close()
