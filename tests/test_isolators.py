@@ -11,7 +11,7 @@ import pytest
 from conftest import TRAJECTORIES
 
 from mlgym_registry import registry
-from mlgym_registry.components.isolators import CodeBlockIsolator, guard_multiline_input
+from mlgym_registry.components.isolators import CodeBlockIsolator, guard_multiline_input, replace_lone_surrogates
 from mlgym_registry.components.parsers import StrictThoughtActionParser, ThoughtActionParser, XMLThoughtActionParser
 from mlgym_registry.errors import FormatError
 
@@ -240,3 +240,16 @@ def test_registered_isolator():
     assert isolator("x\n```\ninsert 2\nimport os\nend_of_insert\n```", parser) == (
         "insert 2 << 'end_of_insert'\nimport os\nend_of_insert"
     )
+
+
+# -- lone surrogates (issue 8) ----------------------------------------------------------------------------------------
+def test_lone_surrogates_become_valid_text():
+    assert replace_lone_surrogates("echo \ud800") == "echo \ufffd"
+    assert replace_lone_surrogates("a\udc80b\udfff") == "a\ufffdb\ufffd"
+    assert replace_lone_surrogates("\ude00\ud83d") == "\ufffd\ufffd"  # low before high is no pair
+    assert replace_lone_surrogates("\ud83d\ude00!") == "\U0001f600!"  # a pair left as two code points
+    for text in ("", "plain", "caf\u00e9 \u6f22 \U0001f600", "\ufffd"):
+        assert replace_lone_surrogates(text) is text
+    action = isolate("go\n```\necho \ud800 \ud83d\ude00\n```", ThoughtActionParser())
+    assert action == "echo \ufffd \U0001f600"
+    action.encode("utf-8")  # what the shell gets

@@ -18,6 +18,22 @@ MULTILINE_COMMAND_ENDINGS: Mapping[str, str] = {"edit": "end_of_edit", "insert":
 
 Parser = Callable[[str], tuple[str, str]]
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+
+
+def replace_lone_surrogates(text: str) -> str:
+    """``text`` with every surrogate code point, which is no character and which UTF-8 cannot encode, made valid.
+
+    A tokenizer can decode a model's output into a lone surrogate (``"\\ud800"``); encoding it for the shell then
+    raises ``UnicodeEncodeError``. A high surrogate followed by a low one becomes the character the pair stands for
+    (UTF-16 read as code points), every other surrogate becomes U+FFFD. Text without surrogates is returned as it is.
+    """
+    if _SURROGATE.search(text) is None:
+        return text
+    text = _SURROGATE_PAIR.sub(lambda pair: pair.group().encode("utf-16-le", "surrogatepass").decode("utf-16-le"), text)
+    return _SURROGATE.sub("\ufffd", text)
+
 
 def guard_multiline_input(action: str, endings: Mapping[str, str] = MULTILINE_COMMAND_ENDINGS) -> str:
     """Turn every multi-line ``edit``/``insert`` in ``action`` into a heredoc, as MLGym's agent does before a step.
@@ -69,7 +85,8 @@ class CodeBlockIsolator:
     """Parse the response with the task's parser, then heredoc-guard ``edit``/``insert`` bodies.
 
     The result is what MLGym's agent sends to ``env.step``: the guarded action, stripped. An empty action (an empty
-    code block) is a ``FormatError`` too: running nothing would only waste a step.
+    code block) is a ``FormatError`` too: running nothing would only waste a step. Lone surrogates in the response
+    are made valid text first (``replace_lone_surrogates``).
     """
 
     def __init__(self, endings: Mapping[str, str] = MULTILINE_COMMAND_ENDINGS):
@@ -80,7 +97,7 @@ class CodeBlockIsolator:
         if not isinstance(response, str) or not response.strip():
             raise FormatError("The model response is empty.")
         parser = parser if parser is not None else ThoughtActionParser()
-        _thought, action = parser(response)
+        _thought, action = parser(replace_lone_surrogates(response))
         action = guard_multiline_input(action, self.endings).strip()
         if not action:
             raise FormatError("The code block in the model response is empty.")

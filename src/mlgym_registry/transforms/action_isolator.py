@@ -3,12 +3,16 @@
 The isolator component parses the response and guards multi-line ``edit``/``insert`` bodies with their heredoc the
 way MLGym's agent does (reference bug #8). A ``FormatError`` sets ``retry`` (the backend is not stepped), keeps the
 error text for the format-error message and adds the ``reward_wrong_format`` penalty on that same step.
+
+Whatever the isolator, the response it reads and the action it returns are valid text: a lone surrogate a tokenizer
+produced (``"\\ud800"``) cannot be encoded for the shell, so it is replaced before it reaches the backend.
 """
 
 from __future__ import annotations
 
 from tensordict import TensorDictBase
 
+from ..components.isolators import replace_lone_surrogates
 from ..errors import FormatError
 from .base import ASSISTANT_KEY, FORMAT_ERROR_KEY, ChainTransform, is_retry
 from .layout import Layout
@@ -31,13 +35,13 @@ class ActionIsolator(ChainTransform):
         response = response if isinstance(response, str) else str(getattr(response, "data", response))
         task = self.base.task
         try:
-            action = task.isolator(response, task.parser)
+            action = task.isolator(replace_lone_surrogates(response), task.parser)
         except FormatError as exc:
             tensordict.set(self.layout.retry, True)
             tensordict.set(FORMAT_ERROR_KEY, str(exc))
             return tensordict
         tensordict.set(self.layout.retry, False)
-        tensordict.set(self.layout.action, action)
+        tensordict.set(self.layout.action, replace_lone_surrogates(action) if isinstance(action, str) else action)
         return tensordict
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
