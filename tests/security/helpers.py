@@ -1,0 +1,193 @@
+"""Helpers of the red-team suite: an adversarial agent against the local backend's sandbox and evaluator.
+
+Every attack runs as the agent would run it: as a command in the env's bash session (``env.step``), or as code of
+the agent's that the evaluator imports. What counts is checked from the host: the score against the honest score of
+the same strategy, files on the host, host processes, the driver's variables.
+
+The forged-score tests mostly use ``miniPrisonersDilemma``: the package's own prisonersDilemma files (evaluator,
+partner, starter strategy) with fewer games, so that one ``validate`` takes a fraction of a second instead of ~3 s;
+the main attacks are repeated on the real task.
+"""
+
+from __future__ import annotations
+
+import secrets
+import textwrap
+from pathlib import Path
+
+import mlgym_registry
+from mlgym_registry import registry
+from mlgym_registry.backends.local import LocalBackend
+from mlgym_registry.specs import TaskSpec
+
+PACKAGE_DIR = Path(mlgym_registry.__file__).resolve().parent
+PACKAGE_TASK_DATA = PACKAGE_DIR / "tasks" / "data"
+PD_FILES = ("target.py", "evaluate.py", "strategy.py")
+MINI_GAMES = 300
+
+FAKE_SCORE = '{"Score": 99.0}'
+"""What a forging agent prints; no strategy can honestly score above 5 at the Prisoner's Dilemma."""
+
+HONEST = textwrap.dedent(
+    """\
+    def row_strategy(history):
+        \"\"\"Tit for tat: deterministic, so its score depends only on the evaluator's seed.\"\"\"
+        if not history:
+            return 0
+        return history[-1][1]
+    """
+)
+
+SECRET_VARIABLES = {
+    "MLGR_TEST_SECRET": "mlgr-test-secret-" + secrets.token_hex(8),
+    "OPENAI_API_KEY": "sk-mlgr-test-" + secrets.token_hex(12),
+}
+"""Set in the driver's (this process's) environment for the whole suite, before any backend is made."""
+
+
+def mini_prisoners_spec(folder: Path, games: int = MINI_GAMES) -> TaskSpec:
+    """The package's prisonersDilemma task with its files copied into ``folder`` and ``games`` games per evaluation."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in PD_FILES:
+        text = (PACKAGE_TASK_DATA / "prisonersDilemma" / name).read_text()
+        if name == "evaluate.py":
+            assert "GAMES = 10_000\n" in text, "the prisonersDilemma evaluator changed: update mini_prisoners_spec"
+            text = text.replace("GAMES = 10_000\n", f"GAMES = {games}\n")
+        (folder / name).write_text(text)
+    real = registry.spec("prisonersDilemma")
+    return real.replace(
+        id="miniPrisonersDilemma", root=str(folder), starter_code=list(PD_FILES), max_steps=100_000,
+        training_timeout=120,
+    )
+
+
+def open_backend(spec: TaskSpec, **options) -> LocalBackend:
+    """A sandboxed backend (the default), reset and with its tools, seeded so that scores are reproducible."""
+    options.setdefault("seed", 0)
+    env = LocalBackend(spec, **options)
+    try:
+        assert env.sandboxed, "the local backend must sandbox by default"
+        env.reset()
+        env.install_tools()
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def run(env: LocalBackend, command: str) -> str:
+    """Run one agent action; its observation."""
+    obs, _, _, _ = env.step(command)
+    return obs or ""
+
+
+def status(env: LocalBackend, command: str, timeout: float = 60) -> tuple[str, int | None]:
+    """Run one command in the agent's shell: ``(output, exit status)``."""
+    output = env.communicate(command, timeout_duration=timeout)
+    return output, env.returncode
+
+
+def write_file(env: LocalBackend, relative: str, text: str) -> None:
+    """Write a workspace file from inside the sandbox, as the agent does (a here-document)."""
+    end = "MLGR_EOF_" + secrets.token_hex(4)
+    body = text if text.endswith("\n") else text + "\n"
+    output, code = status(env, f"mkdir -p \"$(dirname '{relative}')\" && cat > '{relative}' <<'{end}'\n{body}{end}")
+    assert code == 0, output
+
+
+def validate(env: LocalBackend) -> tuple[str, dict | None]:
+    """``validate`` as the agent calls it: ``(observation, new score or None when the evaluation failed)``."""
+    before = len(env._scores)
+    obs, _, _, info = env.step("validate")
+    score = info["score"][-1] if len(info["score"]) > before else None
+    if score is not None:
+        assert "Evaluation Score" in obs, obs
+    return obs, score
+
+
+def assert_not_forged(obs: str, score: dict | None, honest: dict) -> None:
+    """The attack either made the evaluation fail or scored exactly what the honest strategy scores."""
+    if score is None:
+        assert "Evaluation Score" not in obs, obs
+        return
+    assert score == honest, f"forged score {score} (honest {honest}); observation:\n{obs}"
+
+
+def assert_output_not_reached(obs: str) -> None:
+    """What the agent's code printed is not in the evaluator's output (the observation of ``validate``)."""
+    assert FAKE_SCORE not in obs, f"the agent's code printed into the evaluator's output:\n{obs}"
+
+
+# -- attack code ------------------------------------------------------------------------------------------------------
+PRINT_FAKE = textwrap.dedent(
+    f"""\
+    print({FAKE_SCORE!r}, flush=True)
+    sys.stderr.write({FAKE_SCORE!r} + "\\n")
+    sys.stderr.flush()
+    """
+)
+"""Agent code that prints a fake score to stdout and stderr."""
+
+PRINT_AND_EXIT = f"print({FAKE_SCORE!r}, flush=True)\nos._exit(0)\n"
+"""Agent code that prints a fake score (stdout only: the evaluator's output must be exactly one JSON value) and ends
+its process at once, as if the evaluator had finished."""
+
+
+def attacking_strategy(at_import: str = "", in_call: str = "") -> str:
+    """A strategy that plays like ``HONEST`` but runs ``at_import`` when imported and ``in_call`` on each call."""
+    call = textwrap.indent(textwrap.dedent(in_call), "    ") if in_call.strip() else ""
+    return (
+        "import os\nimport sys\n\n" + textwrap.dedent(at_import) + "\n\n"
+        "def row_strategy(history):\n" + call + "    if not history:\n        return 0\n    return history[-1][1]\n"
+    )
+
+
+COOPERATIVE_PARTNER = textwrap.dedent(
+    """\
+    import random
+
+    RNG = random.Random()
+
+
+    def target_column_strategy(history):
+        return 0
+    """
+)
+"""A partner that always cooperates: against it tit for tat scores 3.0, more than against the real pool."""
+
+FORGE_PARTNER_BYTECODE = textwrap.dedent(
+    f"""\
+    # write __pycache__/target.<tag>.pyc whose header matches the read-only target.py (mtime and size), so that an
+    # import of `target` that consults the bytecode cache runs this code instead of the file's
+    import importlib._bootstrap_external as external, os, sys
+    source = os.path.abspath("target.py")
+    info = os.stat(source)
+    code = compile({COOPERATIVE_PARTNER!r}, source, "exec")
+    os.makedirs("__pycache__", exist_ok=True)
+    path = os.path.join("__pycache__", "target." + sys.implementation.cache_tag + ".pyc")
+    with open(path, "wb") as handle:
+        handle.write(external._code_to_timestamp_pyc(code, int(info.st_mtime), info.st_size))
+    print("wrote", path)
+    """
+)
+
+FORGE_SOURCELESS_STRATEGY = textwrap.dedent(
+    f"""\
+    # replace strategy.py by strategy.pyc (bytecode without source), which Python imports from a folder on sys.path
+    import os, py_compile
+    with open("/tmp/forge.py", "w") as handle:
+        handle.write("import os, sys\\n" + {PRINT_AND_EXIT!r})
+    py_compile.compile("/tmp/forge.py", cfile="strategy.pyc", doraise=True)
+    os.remove("strategy.py")
+    print("wrote strategy.pyc")
+    """
+)
+
+FORGING_PACKAGE = "import os\nimport sys\n" + PRINT_AND_EXIT
+"""``target/__init__.py`` of a workspace package named like the protected partner module."""
+
+
+def assert_clean(obs: str, score: dict | None, honest: dict) -> None:
+    """``assert_not_forged`` and ``assert_output_not_reached``: for attacks whose code prints a fake score."""
+    assert_output_not_reached(obs)
+    assert_not_forged(obs, score, honest)
