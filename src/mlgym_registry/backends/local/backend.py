@@ -209,12 +209,8 @@ class LocalBackend:
     ):
         if sandbox not in sandbox_mod.SANDBOX_MODES:
             raise ValueError(f"local backend: sandbox={sandbox!r}; use one of {', '.join(sandbox_mod.SANDBOX_MODES)}")
-        if sandbox == "bwrap":
-            try:
-                sandbox_mod.check()
-            except sandbox_mod.SandboxUnavailable as exc:
-                raise BackendUnavailable(f"local backend: {exc}") from None
-        else:
+        self.check_available(sandbox=sandbox)
+        if sandbox == "none":
             sandbox_mod.warn_unsandboxed()
         self.sandboxed = sandbox == "bwrap"
         self.python = _interpreter(python)
@@ -272,6 +268,15 @@ class LocalBackend:
         if memory_limit_mb:
             self._res.memory = limits_mod.MemoryCgroup.create(memory_limit_mb)
         self._bash = "/bin/bash" if os.path.exists("/bin/bash") else (shutil.which("bash") or "bash")
+
+    @staticmethod
+    def check_available(*, sandbox: str = "bwrap", **_options: Any) -> None:
+        """Raise ``BackendUnavailable`` now (at ``make``) when this host cannot run the chosen sandbox."""
+        if sandbox == "bwrap":
+            try:
+                sandbox_mod.check()
+            except sandbox_mod.SandboxUnavailable as exc:
+                raise BackendUnavailable(f"local backend: {exc}") from None
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
@@ -531,7 +536,9 @@ class LocalBackend:
 
     def _protect(self) -> None:
         """Keep pristine copies of the evaluation and protected files; show them read-only in the workspace."""
-        guarded = {p: 0o555 for p in self.spec.evaluation_paths} if self.spec.evaluation_read_only else {}
+        # the evaluation files are always put back before an evaluation; evaluation_read_only only decides whether
+        # the agent's copy is shown read-only, as in MLGym
+        guarded = {p: 0o555 if self.spec.evaluation_read_only else None for p in self.spec.evaluation_paths}
         guarded.update({p: 0o444 for p in self.spec.protected_files})
         force_rmtree(self._pristine_dir)
         self._pristine_dir.mkdir()
@@ -541,7 +548,8 @@ class LocalBackend:
             if not source.exists():
                 continue
             self._keep_pristine(relative)
-            _chmod_tree(source, mode)
+            if mode is not None:
+                _chmod_tree(source, mode)
 
     def _keep_pristine(self, relative: str) -> None:
         """Copy ``workspace/relative`` aside; evaluations put this copy back over whatever the agent left there."""

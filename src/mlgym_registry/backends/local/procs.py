@@ -64,13 +64,14 @@ def first_descendant_named(ancestor: int, name: str) -> list[int]:
     queue: list[list[int]] = [[child] for child in sorted(children.get(ancestor, []))]
     while queue:
         chain = queue.pop(0)
-        if _command_name(chain[-1]) == name:
+        if command_name(chain[-1]) == name:
             return chain
         queue += [[*chain, child] for child in sorted(children.get(chain[-1], []))]
     return []
 
 
-def _command_name(pid: int) -> str:
+def command_name(pid: int) -> str:
+    """The command name of ``pid`` (``comm``), or "" when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()

@@ -89,6 +89,8 @@ class ShellSession:
 
     def _find_shell(self, within: float = 10.0) -> tuple[int, set[int]]:
         """The shell's pid when a wrapper (the sandbox) started it, and the wrapper's own processes on the way."""
+        if procs.command_name(self.pid) == "bash":
+            return self.pid, set()  # the wrapper replaced itself with the shell (``unshare -n``)
         deadline = time.monotonic() + within
         while time.monotonic() < deadline and self.proc.poll() is None:
             chain = procs.first_descendant_named(self.pid, "bash")

@@ -189,8 +189,8 @@ class EvaluationFinder(importlib.abc.MetaPathFinder):
         if system is not None:
             # the workspace shadows a real module: always the real one, whatever sys.path the evaluator built
             return importlib.machinery.PathFinder.find_spec(fullname, self.system_path if fullname == top else path)
-        if self.channel is None:
-            raise ImportError(f"{fullname} is the agent's code, which this evaluation does not run")
+        if self.channel is None:  # this task's evaluator loads the agent's code itself (models cross as objects)
+            return importlib.machinery.PathFinder.find_spec(fullname, [self.workspace] if fullname == top else path)
         return importlib.machinery.ModuleSpec(fullname, _AgentLoader(self.channel), is_package=True)
 
     def _trusted_spec(self, name: str):

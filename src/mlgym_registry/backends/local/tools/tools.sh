@@ -2,12 +2,28 @@
 # Sourced into the agent's bash session. Needs: MLGR_PYTHON (an interpreter with flake8) and MLGR_TOOLS (this folder).
 # Window state lives in the shell variables CURRENT_FILE, CURRENT_LINE, WINDOW and OVERLAP, as in MLGym.
 
+# The open file and the working directory as one line of JSON, whatever characters their names hold: backslash,
+# double quote and control characters are escaped by bash itself (state runs after every step, so it starts no process
+# but MLGym's realpath of the open file).
 state() {
-    if [ -z "$CURRENT_FILE" ]; then
-        echo '{"open_file": "n/a", "working_dir": "'"$PWD"'"}'
-    else
-        echo '{"open_file": "'"$(realpath "$CURRENT_FILE")"'", "working_dir": "'"$PWD"'"}'
-    fi
+    local __mlgr_value __mlgr_i __mlgr_hex __mlgr_char __mlgr_fields=() __mlgr_file=n/a
+    if [ -n "${CURRENT_FILE:-}" ]; then __mlgr_file=$(realpath "$CURRENT_FILE"); fi
+    for __mlgr_value in "$__mlgr_file" "${PWD:-$(builtin pwd)}"; do
+        __mlgr_value=${__mlgr_value//'\'/'\\'}
+        __mlgr_value=${__mlgr_value//'"'/'\"'}
+        if [[ $__mlgr_value == *[[:cntrl:]]* ]]; then
+            __mlgr_value=${__mlgr_value//$'\n'/'\n'}
+            __mlgr_value=${__mlgr_value//$'\t'/'\t'}
+            __mlgr_value=${__mlgr_value//$'\r'/'\r'}
+            for (( __mlgr_i = 1; __mlgr_i < 32; __mlgr_i++ )); do
+                builtin printf -v __mlgr_hex '%02x' "$__mlgr_i"
+                builtin printf -v __mlgr_char "\\x$__mlgr_hex"
+                __mlgr_value=${__mlgr_value//"$__mlgr_char"/"\\u00$__mlgr_hex"}
+            done
+        fi
+        __mlgr_fields+=("\"$__mlgr_value\"")
+    done
+    builtin printf '{"open_file": %s, "working_dir": %s}\n' "${__mlgr_fields[@]}"
 }
 
 _mlgr_lines() {
