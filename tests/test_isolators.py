@@ -11,7 +11,12 @@ import pytest
 from conftest import TRAJECTORIES
 
 from mlgym_registry import registry
-from mlgym_registry.components.isolators import CodeBlockIsolator, guard_multiline_input, replace_lone_surrogates
+from mlgym_registry.components.isolators import (
+    CodeBlockIsolator,
+    guard_multiline_input,
+    replace_lone_surrogates,
+    unterminated_command,
+)
 from mlgym_registry.components.parsers import StrictThoughtActionParser, ThoughtActionParser, XMLThoughtActionParser
 from mlgym_registry.errors import FormatError
 
@@ -253,3 +258,36 @@ def test_lone_surrogates_become_valid_text():
     action = isolate("go\n```\necho \ud800 \ud83d\ude00\n```", ThoughtActionParser())
     assert action == "echo \ufffd \U0001f600"
     action.encode("utf-8")  # what the shell gets
+
+
+# -- insert without end_of_insert (issue 8) ----------------------------------------------------------------------------
+MALFORMED_INSERT = (
+    "Malformed insert command. Please ensure you use the `end_of_insert` keyword to mark the end of your insert."
+)
+
+
+def test_insert_without_end_of_insert_is_a_format_error():
+    for action in ("insert 3\ntouch ran\nimport os", "insert 3", "ls\ninsert 3\nx = 1\n", "  insert 3\r\nx\r\n",
+                   "insert 3\nx\nend_of_edit", "insert 1\na\nend_of_insert\ninsert 2\nb", "insert\nx"):
+        with pytest.raises(FormatError) as raised:
+            isolate(f"DISCUSSION\nAdd it.\n```\n{action}\n```\n", ThoughtActionParser())
+        assert str(raised.value) == MALFORMED_INSERT
+        assert unterminated_command(action) == "insert"
+
+
+def test_what_is_not_a_malformed_insert():
+    for action in (
+        "insert 3\nx\nend_of_insert",  # terminated
+        "edit 1:2\ninsert 4\nend_of_edit",  # a body line
+        "python - << 'EOF'\ninsert 3\nEOF",  # another here-document's body
+        "python - <<EOF\ncur.execute('''\ninsert into t values (1)\n''')\nEOF",
+        "insert into t values (1)\nx",  # free text, not the command as a model writes it
+        "insert 3 << 'end_of_insert'\nx",  # already guarded (bash reads the body to the end of the action)
+        "edit 1:2\nx",  # an edit without end_of_edit is the backend's malformed edit
+        "ls -a",
+    ):
+        assert unterminated_command(action) is None, action
+    # the edit is passed on unguarded, for the backend to answer with MLGym's malformed-edit observation
+    assert isolate("```\nedit 1:2\nx = 1\n```", ThoughtActionParser()) == "edit 1:2\nx = 1"
+    # and an isolator may leave inserts alone
+    assert CodeBlockIsolator(unterminated=())("```\ninsert 3\nx\n```") == "insert 3\nx"

@@ -8,7 +8,7 @@ retry (and the optional penalty) on that error.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import FormatError
 from .parsers import ThoughtActionParser
@@ -20,6 +20,10 @@ Parser = Callable[[str], tuple[str, str]]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+# a here-document operator (not a here-string) and its delimiting word, quoted or not
+_HEREDOC = re.compile(r"(?<!<)<<-?(?!<)[ \t]*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
+# a multi-line command as a model writes it: the name, at most one argument (``insert 3``), no heredoc operator
+_BARE_COMMAND = re.compile(r"^\s*(?P<name>\S+)(?:[ \t]+[^\s<>|;&]+)?[ \t]*\r?$")
 
 
 def replace_lone_surrogates(text: str) -> str:
@@ -35,6 +39,11 @@ def replace_lone_surrogates(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
+def malformed_message(name: str, terminator: str) -> str:
+    """What a multi-line command without its terminator line gets (MLGym's wording for ``edit``)."""
+    return f"Malformed {name} command. Please ensure you use the `{terminator}` keyword to mark the end of your {name}."
+
+
 def guard_multiline_input(action: str, endings: Mapping[str, str] = MULTILINE_COMMAND_ENDINGS) -> str:
     """Turn every multi-line ``edit``/``insert`` in ``action`` into a heredoc, as MLGym's agent does before a step.
 
@@ -46,8 +55,7 @@ def guard_multiline_input(action: str, endings: Mapping[str, str] = MULTILINE_CO
     """
     if not endings:
         return action
-    names = "|".join(re.escape(name) for name in sorted(endings, key=len, reverse=True))
-    command = re.compile(rf"^\s*({names})(?=\s|$)")
+    command = _command_pattern(endings)
     lines = action.split("\n")
     index = 0
     while index < len(lines):
@@ -68,6 +76,54 @@ def guard_multiline_input(action: str, endings: Mapping[str, str] = MULTILINE_CO
     return "\n".join(lines)
 
 
+def unterminated_command(
+    action: str, names: Iterable[str] = ("insert",), endings: Mapping[str, str] = MULTILINE_COMMAND_ENDINGS
+) -> str | None:
+    """The name of the first command of ``names`` in ``action`` that has no terminator line after it, or None.
+
+    Such a command is not guarded, so the shell would run its body lines as commands. Lines are read as
+    ``guard_multiline_input`` reads them (a guarded command's body is skipped), and the body of any other
+    here-document is skipped too; a command counts only as a model writes it, the name and at most one argument on
+    its line (``insert 3``), so that free text such as ``insert into t values (1)`` is not taken for one.
+    """
+    wanted = {name for name in names if name in endings}
+    if not wanted:
+        return None
+    command = _command_pattern(endings)
+    lines = action.split("\n")
+    index = 0
+    while index < len(lines):
+        match = command.match(lines[index])
+        if match is None:
+            index = _after_heredocs(lines, index)
+            continue
+        name = match.group(1)
+        end = _terminator_line(lines, index + 1, endings[name])
+        if end is not None:
+            index = end + 1
+            continue
+        bare = _BARE_COMMAND.match(lines[index])
+        if name in wanted and bare is not None and bare.group("name") == name:
+            return name
+        index += 1
+    return None
+
+
+def _after_heredocs(lines: list[str], index: int) -> int:
+    """The index of the line after ``lines[index]`` and the bodies of the here-documents it opens (``<< EOF``)."""
+    for word in _HEREDOC.findall(lines[index]):
+        end = next((i for i in range(index + 1, len(lines)) if lines[i].strip() == word[1]), None)
+        if end is None:
+            return len(lines)
+        index = end
+    return index + 1
+
+
+def _command_pattern(endings: Mapping[str, str]) -> re.Pattern[str]:
+    names = "|".join(re.escape(name) for name in sorted(endings, key=len, reverse=True))
+    return re.compile(rf"^\s*({names})(?=\s|$)")
+
+
 def _terminator_line(lines: list[str], start: int, terminator: str) -> int | None:
     """The index of the first line from ``start`` that is the terminator (at column 0, trailing space allowed)."""
     for index in range(start, len(lines)):
@@ -85,12 +141,17 @@ class CodeBlockIsolator:
     """Parse the response with the task's parser, then heredoc-guard ``edit``/``insert`` bodies.
 
     The result is what MLGym's agent sends to ``env.step``: the guarded action, stripped. An empty action (an empty
-    code block) is a ``FormatError`` too: running nothing would only waste a step. Lone surrogates in the response
-    are made valid text first (``replace_lone_surrogates``).
+    code block) is a ``FormatError`` too: running nothing would only waste a step. So is a command of
+    ``unterminated`` (``insert``) without its terminator line, whose body the shell would otherwise run as commands;
+    an ``edit`` without ``end_of_edit`` is left to the backend, which answers it with MLGym's malformed-edit
+    observation. Lone surrogates in the response are made valid text first (``replace_lone_surrogates``).
     """
 
-    def __init__(self, endings: Mapping[str, str] = MULTILINE_COMMAND_ENDINGS):
+    def __init__(
+        self, endings: Mapping[str, str] = MULTILINE_COMMAND_ENDINGS, unterminated: Iterable[str] = ("insert",)
+    ):
         self.endings = dict(endings)
+        self.unterminated = tuple(unterminated)
 
     def __call__(self, response: str, parser: Parser | None = None) -> str:
         """The backend action for ``response``; ``FormatError`` when ``parser`` finds none (default: thought_action)."""
@@ -98,6 +159,9 @@ class CodeBlockIsolator:
             raise FormatError("The model response is empty.")
         parser = parser if parser is not None else ThoughtActionParser()
         _thought, action = parser(replace_lone_surrogates(response))
+        name = unterminated_command(action, self.unterminated, self.endings)
+        if name is not None:
+            raise FormatError(malformed_message(name, self.endings[name]))
         action = guard_multiline_input(action, self.endings).strip()
         if not action:
             raise FormatError("The code block in the model response is empty.")
