@@ -6,6 +6,7 @@ The order of operations in ``step`` and every observation text an agent can rely
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -413,7 +415,7 @@ class LocalBackend:
         """MLGym's outcomes table for validate, submit and autosubmission."""
         assert self.task is not None, "call reset() before step()"
         try:
-            metrics, submission = self._evaluator().evaluate()
+            metrics, submission = self._evaluator().evaluate(freeze=self._freeze_agent)
         except SubmissionNotFoundError:
             if action == "validate":
                 return SUBMISSION_NOT_FOUND, 0, False, info
@@ -445,6 +447,17 @@ class LocalBackend:
         info["exit_status"] = f"autosubmission ({action})"
         info["submission"] = submission
         return f"Exited ({action})", 0, True, info
+
+    @contextlib.contextmanager
+    def _freeze_agent(self) -> Iterator[None]:
+        """Nothing of the agent's runs while the block does (the workspace is being copied)."""
+        session = self._res.session
+        stopped = session.pause() if session is not None and session.alive else set()
+        try:
+            yield
+        finally:
+            if session is not None:
+                session.resume(stopped)
 
     def _evaluator(self) -> Evaluator:
         extra = {"MLGYM_REGISTRY_SEED": str(self.seed)} if self.seed is not None else {}

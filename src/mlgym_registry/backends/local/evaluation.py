@@ -9,6 +9,7 @@ scratch copy in the evaluator's output are shown as the workspace's own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -17,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,8 +83,11 @@ class Evaluator:
         """The workspace's path as the agent and its observations name it."""
         return self.workspace_path or str(self.workspace)
 
-    def evaluate(self) -> tuple[Any, str]:
-        """``(metrics, submission_path)``, or one of this module's exceptions (or ``TimeoutError``)."""
+    def evaluate(self, freeze: Callable[[], AbstractContextManager[None]] | None = None) -> tuple[Any, str]:
+        """``(metrics, submission_path)``, or one of this module's exceptions (or ``TimeoutError``).
+
+        ``freeze`` keeps the agent's processes still while the workspace is copied.
+        """
         if self.entrypoint not in SUPPORTED:
             raise EvaluationUnsupported(
                 f"the local backend cannot evaluate {self.entrypoint} tasks (it supports "
@@ -92,7 +97,8 @@ class Evaluator:
         scratch = Path(tempfile.mkdtemp(prefix="eval-", dir=self.scratch_root))
         try:
             agent_view, eval_view = scratch / "agent", scratch / "eval"
-            _snapshot(self.workspace, agent_view, skip=set(self.pristine))
+            with freeze() if freeze is not None else contextlib.nullcontext():
+                _snapshot(self.workspace, agent_view, skip=set(self.pristine))
             for relative, source in self.pristine.items():
                 if relative not in self.secrets:
                     _restore(source, agent_view / relative)
@@ -140,15 +146,16 @@ class Evaluator:
             raise format_error(output) from None
 
     def _trusted_modules(self) -> list[str]:
-        """Top-level module names the pristine files define: the evaluator imports these, never the agent's."""
-        names = set()
+        """The top-level modules the pristine files define (``x.py``, or ``pkg/`` for a package): the evaluator
+        imports these files, never the agent's of the same name."""
+        paths = set()
         for relative, source in self.pristine.items():
             first, _, rest = relative.partition("/")
             if not rest and first.endswith(".py"):
-                names.add(first[:-3])
+                paths.add(first)
             elif not rest and Path(source).is_dir() and (Path(source) / "__init__.py").is_file():
-                names.add(first)
-        return sorted(names)
+                paths.add(first + "/")
+        return sorted(paths)
 
     def _run(self, argv: list[str], agent_view: Path, eval_view: Path) -> str:
         """Run the evaluator (and, for tasks that import the agent's code, that code's process); its output."""

@@ -219,6 +219,27 @@ class ShellSession:
             procs.kill_all(victims)
             time.sleep(0.005)
 
+    def pause(self, within: float = 2.0) -> set[int]:
+        """Stop (SIGSTOP) every process of the session, the shell included, until no new one appears; their pids.
+
+        While the workspace is copied for an evaluation nothing of the agent's may change it: a file swapped for a
+        link between a check and a copy would make the copy read a file of the host.
+        """
+        deadline = time.monotonic() + within
+        stopped: set[int] = set()
+        while time.monotonic() < deadline:
+            running = {pid for pid in self.processes() | {self.shell_pid} if pid not in stopped and procs.alive(pid)}
+            if not running:
+                break
+            procs.signal_all(running, signal.SIGSTOP)
+            stopped |= running
+        return stopped
+
+    @staticmethod
+    def resume(pids: set[int]) -> None:
+        """Continue what ``pause`` stopped."""
+        procs.signal_all(pids, signal.SIGCONT)
+
     def discard_pending(self) -> int:
         """Drop output waiting in the pipe (written after the last command ended); returns how many bytes."""
         dropped = 0

@@ -2,13 +2,14 @@
 
 Two roles, each started by the local backend inside its own sandbox:
 
-``harness.py evaluate --workspace DIR --trusted NAMES --fds W,R -- SCRIPT ARGS...``
+``harness.py evaluate --workspace DIR --trusted PATHS --fds W,R -- SCRIPT ARGS...``
     Runs the pristine evaluation script as ``__main__``. Its top-level imports resolve as follows: a trusted name (an
-    evaluation or protected file of the task) loads that exact pristine file; a name the workspace defines and the
-    standard library or site-packages do not is the *agent's* module, which never runs here: it is a proxy whose
-    functions call the ``serve`` process over a pipe; any other name loads from the standard library and
-    site-packages, never from the workspace (a ``random.py`` of the agent's shadows nothing). So agent code can neither
-    rebind the evaluator's objects, nor exit it early, nor print into its output, which is the score's channel.
+    evaluation or protected file of the task, given by its path) loads that exact pristine file, from source; a name
+    the workspace defines in any form (source, bytecode, package) and the standard library or site-packages do not is
+    the *agent's* module, which never runs here: it is a proxy whose functions call the ``serve`` process over a
+    pipe; any other name loads from the standard library and site-packages, never from the workspace (a ``random.py``
+    of the agent's shadows nothing). Byte code is cached in a private folder only. So agent code can neither rebind
+    the evaluator's objects, nor exit it early, nor print into its output, which is the score's channel.
 
 ``harness.py serve --workspace DIR``
     Imports the agent's modules and answers calls: requests arrive on stdin as length-prefixed pickles (they come from
@@ -29,6 +30,7 @@ import random
 import runpy
 import struct
 import sys
+import tempfile
 import types
 
 MAX_LINE = 64 << 20
@@ -173,16 +175,16 @@ class _AgentLoader(importlib.abc.Loader):
 class EvaluationFinder(importlib.abc.MetaPathFinder):
     """Decides, for every import of the evaluator, between the pristine file, the agent's process and the system."""
 
-    def __init__(self, workspace: str, trusted: set[str], channel: AgentChannel | None, system_path: list[str]):
-        self.workspace, self.trusted, self.channel = workspace, trusted, channel
-        self.system_path = system_path
+    def __init__(self, workspace: str, trusted: list[str], channel: AgentChannel | None, system_path: list[str]):
+        self.workspace, self.channel, self.system_path = workspace, channel, system_path
+        self.trusted = {_module_name(path): path for path in trusted}
 
     def find_spec(self, fullname, path=None, target=None):
         top = fullname.partition(".")[0]
         if top in self.trusted:
             if fullname != top:
                 return None  # a submodule of a trusted package: its own __path__ points into the pristine copy
-            return self._trusted_spec(top)
+            return self._trusted_spec(top, self.trusted[top])
         if not self._in_workspace(top):
             return None
         system = importlib.machinery.PathFinder.find_spec(top, self.system_path)
@@ -193,18 +195,22 @@ class EvaluationFinder(importlib.abc.MetaPathFinder):
             return importlib.machinery.PathFinder.find_spec(fullname, [self.workspace] if fullname == top else path)
         return importlib.machinery.ModuleSpec(fullname, _AgentLoader(self.channel), is_package=True)
 
-    def _trusted_spec(self, name: str):
-        folder = os.path.join(self.workspace, name)
-        if os.path.isfile(os.path.join(folder, "__init__.py")):
-            return importlib.util.spec_from_file_location(
-                name, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
-            )
-        return importlib.util.spec_from_file_location(name, os.path.join(self.workspace, name + ".py"))
+    def _trusted_spec(self, name: str, relative: str):
+        """The pristine file itself: never a package or bytecode of the same name that the agent put beside it."""
+        path = os.path.join(self.workspace, relative)
+        if relative.endswith(".py"):
+            return importlib.util.spec_from_file_location(name, path)
+        return importlib.util.spec_from_file_location(
+            name, os.path.join(path, "__init__.py"), submodule_search_locations=[path]
+        )
 
     def _in_workspace(self, name: str) -> bool:
-        return os.path.isfile(os.path.join(self.workspace, name + ".py")) or os.path.isdir(
-            os.path.join(self.workspace, name)
-        )
+        """Whether the workspace defines an importable ``name`` in any form (source, bytecode, extension, package)."""
+        return importlib.machinery.PathFinder.find_spec(name, [self.workspace]) is not None
+
+
+def _module_name(relative: str) -> str:
+    return relative[:-3] if relative.endswith(".py") else relative.rstrip("/")
 
 
 def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str]) -> None:
@@ -214,7 +220,10 @@ def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str]) -> N
         write_fd, read_fd = (int(x) for x in fds.split(","))
         channel = AgentChannel(write_fd, read_fd)
     system_path = [p for p in sys.path if p and os.path.abspath(p) != os.path.abspath(workspace)]
-    sys.meta_path.insert(0, EvaluationFinder(workspace, set(trusted), channel, system_path))
+    # byte code is read and written only in a private folder: a __pycache__ of the agent's never stands in for a
+    # pristine source
+    sys.pycache_prefix = tempfile.mkdtemp(prefix="pycache-")
+    sys.meta_path.insert(0, EvaluationFinder(workspace, trusted, channel, system_path))
     sys.argv = list(argv)
     runpy.run_path(argv[0], run_name="__main__")
 
