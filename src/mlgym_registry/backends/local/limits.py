@@ -3,8 +3,10 @@
 - CPU seconds and address space: ``resource.setrlimit`` in the child before ``exec``.
 - Process count: a ``pids`` cgroup when this process may create one (typically as root, where ``RLIMIT_NPROC`` does
   not apply), else ``RLIMIT_NPROC`` set to the user's current count plus the allowance.
-- Network: the shell runs under ``unshare -n`` (an empty network namespace) when the OS permits it; this is checked once
-  per process, and a one-time warning says so when it is not possible.
+- Memory: a memory cgroup for the whole env when this process may make one, else ``RLIMIT_AS`` per process.
+- File size: ``RLIMIT_FSIZE``.
+- Network, only for ``sandbox="none"`` (the sandbox has its own network namespace): the shell runs under
+  ``unshare -n`` when the OS permits it; this is checked once per process, with a one-time warning when it is not.
 """
 
 from __future__ import annotations
