@@ -134,10 +134,14 @@ its process at once, as if the evaluator had finished."""
 
 
 def attacking_strategy(at_import: str = "", in_call: str = "") -> str:
-    """A strategy that plays like ``HONEST`` but runs ``at_import`` when imported and ``in_call`` on each call."""
-    call = textwrap.indent(textwrap.dedent(in_call), "    ") if in_call.strip() else ""
+    """A strategy that plays like ``HONEST`` but runs ``at_import`` when imported and ``in_call`` on its first call
+    (once per process: the evaluator calls it ~100,000 times)."""
+    call = ""
+    if in_call.strip():
+        call = "    global _ATTACKED\n    if not _ATTACKED:\n        _ATTACKED = True\n"
+        call += textwrap.indent(textwrap.dedent(in_call), "        ")
     return (
-        "import os\nimport sys\n\n" + textwrap.dedent(at_import) + "\n\n"
+        "import os\nimport sys\n\n_ATTACKED = False\n" + textwrap.dedent(at_import) + "\n\n"
         "def row_strategy(history):\n" + call + "    if not history:\n        return 0\n    return history[-1][1]\n"
     )
 
@@ -191,3 +195,12 @@ def assert_clean(obs: str, score: dict | None, honest: dict) -> None:
     """``assert_not_forged`` and ``assert_output_not_reached``: for attacks whose code prints a fake score."""
     assert_output_not_reached(obs)
     assert_not_forged(obs, score, honest)
+
+
+AGENT_SCRIPTS = Path(__file__).parent / "agent_scripts"
+
+
+def upload(env: LocalBackend, name: str) -> str:
+    """Put ``agent_scripts/NAME`` into the workspace as the agent would write it; its path as the agent sees it."""
+    write_file(env, name, (AGENT_SCRIPTS / name).read_text())
+    return f"{env.task_workspace}/{name}"

@@ -124,14 +124,9 @@ def test_rebinding_the_payoff_table(env, honest):
     assert score == honest, obs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="hole: a workspace package target/__init__.py is loaded as the *trusted* partner module in the evaluator "
-    "process (EvaluationFinder._trusted_spec prefers <view>/target/__init__.py over the pristine target.py), so its "
-    "code prints a fake score and exits the evaluator",
-)
 def test_workspace_package_named_like_the_partner(env, honest):
+    """A package ``target/`` beside the pristine target.py: the evaluator's trusted import must load the pristine file,
+    not the agent's package (it ran in the evaluator process before 24cabdf)."""
     write_file(env, "strategy.py", HONEST)
     write_file(env, "target/__init__.py", FORGING_PACKAGE)
     assert_clean(*validate(env), honest)
@@ -238,27 +233,17 @@ def test_strategy_raising_exit_or_interrupt(env, honest, where, code):
     assert FAKE_SCORE not in obs.replace(f"SystemExit: {FAKE_SCORE}", "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="hole: with strategy.py replaced by a sourceless strategy.pyc, EvaluationFinder does not see the agent's "
-    "module (it checks only NAME.py and NAME/), so the evaluator's own sys.path (evaluate.py inserts the workspace) "
-    "imports the bytecode *in the evaluator process*: it prints a fake score and exits",
-)
 def test_sourceless_bytecode_strategy(env, honest):
+    """strategy.py replaced by a sourceless strategy.pyc: still the agent's module, run in the agent's process (the
+    evaluator imported it itself, through the workspace evaluate.py puts on sys.path, before 24cabdf)."""
     output, code = status(env, f"python - <<'EOF'\n{FORGE_SOURCELESS_STRATEGY}EOF")
     assert code == 0, output
     assert_clean(*validate(env), honest)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="hole: the agent's __pycache__/target.<tag>.pyc is copied into the evaluation's view, and the trusted "
-    "import of the pristine target.py uses it when its header carries the source's mtime and size (copy2 keeps "
-    "both): the partner becomes the agent's code",
-)
 def test_bytecode_cache_of_the_partner(env, honest):
+    """A __pycache__/target.<tag>.pyc whose header matches the pristine target.py (copy2 keeps mtime and size): the
+    trusted import must run the pristine source, not the agent's byte code (it did before 24cabdf)."""
     write_file(env, "strategy.py", HONEST)
     output, code = status(env, f"python - <<'EOF'\n{FORGE_PARTNER_BYTECODE}EOF")
     assert code == 0, output

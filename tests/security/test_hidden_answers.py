@@ -1,0 +1,207 @@
+"""Hidden answers (houseRegression's ``data/answer.csv``, a ``secret_files`` entry): the agent must never score with
+them. An r2 of 1.0 means the submission was the answers themselves."""
+
+from __future__ import annotations
+
+import platform
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mlgym_registry import registry
+
+from .helpers import (
+    HONEST,
+    PACKAGE_DIR,
+    attacking_strategy,
+    mini_prisoners_spec,
+    open_backend,
+    run,
+    status,
+    upload,
+    validate,
+    write_file,
+)
+
+pytestmark = pytest.mark.security
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return registry.spec("houseRegression")
+
+
+@pytest.fixture(scope="module")
+def answers(spec) -> Path:
+    """The host's copy of the hidden answers (the task's generated data folder)."""
+    path = Path(spec.datasets[0]["data_path"]) / "answer.csv"
+    assert path.is_file()
+    return path
+
+
+@pytest.fixture(scope="module")
+def backend(spec):
+    env = open_backend(spec)
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def honest(backend) -> dict:
+    backend.reset()
+    output, code = status(backend, "python baseline.py")
+    assert code == 0, output
+    obs, score = validate(backend)
+    assert score is not None and 0.5 < score["r2"] < 0.99, obs
+    return score
+
+
+@pytest.fixture
+def env(backend, honest):
+    backend.reset()
+    assert not (backend.host_workspace / "data" / "answer.csv").exists()
+    return backend
+
+
+def assert_no_answers(obs: str, score: dict | None) -> None:
+    """The evaluation failed, or scored a submission that is not the answers."""
+    if score is None:
+        assert "Evaluation Score" not in obs, obs
+        return
+    assert score["r2"] < 0.999 and score["rmse"] > 1.0, f"the submission was the hidden answers: {score}\n{obs}"
+
+
+def test_relative_link_to_the_answers(env):
+    assert "answer.csv" not in run(env, "ls data")
+    run(env, "ln -s data/answer.csv submission.csv")
+    assert_no_answers(*validate(env))
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/home/agent/workspace/data/answer.csv",
+        "{answers}",
+        "/proc/self/root{answers}",
+        "/proc/1/root{answers}",
+        "/proc/self/cwd/data/answer.csv",
+        "{host_workspace}/data/answer.csv",
+        "../../../../../../../..{answers}",
+    ],
+)
+def test_absolute_and_proc_links_to_the_answers(env, answers, target):
+    target = target.format(answers=answers, host_workspace=env.host_workspace)
+    run(env, f"ln -s '{target}' submission.csv")
+    assert_no_answers(*validate(env))
+
+
+def test_links_through_a_linked_folder(env, answers):
+    run(env, f"ln -s '{answers.parent}' hostdata && ln -s hostdata/answer.csv submission.csv")
+    assert_no_answers(*validate(env))
+
+
+def test_hard_link_and_copy_of_the_answers_fail(env, answers):
+    output, code = status(env, f"ln '{answers}' submission.csv")
+    assert code != 0, output
+    output, code = status(env, f"cat '{answers}'")
+    assert code != 0 and "Price" not in output, output
+    output, code = status(env, f"ls -la '{answers.parent}'")
+    assert code != 0 or "answer.csv" not in output, output
+
+
+def test_searching_the_file_system_finds_no_answers(env, answers):
+    # the read-only binds of the host (Python installations, our tools) are checked from the host instead: walking
+    # them from inside takes long, and they hold no task data
+    binds = [bind for bind in env._sandbox_spec(env.host_workspace, writable=True).binds if bind.writable is False]
+    for bind in binds:
+        assert not answers.resolve().is_relative_to(Path(bind.source).resolve()), bind
+    prune = " ".join(f"-path '{bind.target}' -prune -o" for bind in binds)
+    output, _ = status(
+        env, f"find / -path /proc -prune -o {prune} \\( -name answer.csv -o -path '*houseRegression*' \\) -print "
+             "2>/dev/null", 120,
+    )
+    assert output.strip() == "", output
+    first_answer = answers.read_text().splitlines()[1]  # "Id,Price" of a house of the test set
+    output, _ = status(env, f"grep -rlF '{first_answer}' /home /tmp /var /opt /etc /root 2>/dev/null", 120)
+    assert output.strip() == "", output
+
+
+def test_the_package_and_its_task_files_are_out_of_reach(env):
+    output, code = status(env, "python -c 'import mlgym_registry'")
+    assert code != 0 and "ModuleNotFoundError" in output, output
+    output, code = status(env, "python -c 'from mlgym_registry.tasks import housing; print(housing.generate())'")
+    assert code != 0 and "ModuleNotFoundError" in output, output
+    tasks = PACKAGE_DIR / "tasks"
+    output, code = status(env, f"ls -A '{PACKAGE_DIR}' '{tasks}' 2>&1; cat '{tasks}/housing.py'")
+    assert "def generate" not in output and "houseRegression.yaml" not in output, output
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the agent script injects x86-64 machine code")
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="hole: the agent can ptrace the sandbox's init (pid 1, bwrap) and exec its own program there; the backend "
+    "treats that pid as the sandbox's wrapper and never stops it, so the freeze of the agent while the workspace is "
+    "copied misses it, and it swaps submission.csv for a link to the host's answer.csv between the copy's listing "
+    "(a regular file) and its open (which follows the link on the host, as root)",
+)
+def test_swapping_in_a_link_while_the_workspace_is_copied(env, answers):
+    hijack = upload(env, "hijack_init.py")
+    swapper = upload(env, "swap_on_freeze.py")
+    pad = upload(env, "pad_before.py")
+    output, code = status(
+        env,
+        f"python baseline.py >/dev/null && python {pad} submission.csv 50 && chmod u+w data && "
+        f"ln -s '{answers}' data/swap && python {hijack} \"$(command -v python)\" {swapper} $$ && "
+        "for i in $(seq 100); do [ -e .swapper-ready ] && break; sleep 0.05; done; ls .swapper-ready",
+    )
+    assert code == 0, output
+    for _ in range(4):
+        assert_no_answers(*validate(env))
+
+
+SECRET_TOKEN = "mlgr-secret-answer-key-7d41"
+
+SNOOP = textwrap.dedent(
+    f"""\
+    import glob
+    FOUND = False
+    for pattern in ("**", ".*", "/home/agent/**", "/tmp/**", "/var/tmp/**", "/opt/**", "/proc/*/cwd/**"):
+        for path in glob.glob(pattern, recursive=True):
+            try:
+                with open(path, errors="replace") as handle:
+                    if {SECRET_TOKEN[:12]!r} + {SECRET_TOKEN[12:]!r} in handle.read(1 << 20):  # not in this file
+                        FOUND = True
+            except OSError:
+                pass
+    """
+)
+
+
+def test_agent_code_run_by_the_evaluation_cannot_read_secret_files(tmp_path):
+    """The evaluation's copy of the workspace with the secrets is the pristine evaluator's only: the agent's code,
+    run in its own process during the evaluation, searches for the secret and plays differently if it finds it."""
+    spec = mini_prisoners_spec(tmp_path / "task")
+    (tmp_path / "task" / "answer_key.txt").write_text(SECRET_TOKEN + "\n")
+    spec = spec.replace(starter_code=[*spec.starter_code, "answer_key.txt"], secret_files=["answer_key.txt"])
+    env = open_backend(spec)
+    try:
+        assert not (env.host_workspace / "answer_key.txt").exists()
+        write_file(env, "strategy.py", HONEST)
+        _, honest = validate(env)
+        assert honest is not None
+        snooping = attacking_strategy(at_import=SNOOP).replace(
+            "    if not history:", "    if FOUND:\n        return 1\n    if not history:"
+        )
+        write_file(env, "strategy.py", snooping)
+        write_file(env, "decoy.txt", SECRET_TOKEN)  # the search works: a copy the agent may see is found
+        obs, score = validate(env)
+        assert score is not None and score != honest, obs
+        run(env, "rm decoy.txt")
+        obs, score = validate(env)
+        assert score == honest, obs
+        output, _ = status(env, f"grep -rl {SECRET_TOKEN} /home /tmp /var /opt /etc /root 2>/dev/null | head -3", 120)
+        assert output.strip() == "", output
+    finally:
+        env.close()
