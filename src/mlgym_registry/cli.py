@@ -1,6 +1,8 @@
 """The ``mlgym-registry`` command: list, info, plugins (here) and the episode commands (run, replay, check).
 
-Exit codes: 0 success, 1 the command ran and failed (e.g. a check did not pass), 2 bad usage or unknown name.
+Exit codes: 0 success, 1 the command ran and failed (e.g. a check did not pass), 2 bad usage, unknown name or any
+other error the user can fix (printed as one ``mlgym-registry: error: ...`` line, never as a traceback; set
+``MLGYM_REGISTRY_DEBUG=1`` to get the traceback instead).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +26,10 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
 }
 """Sub-commands that live in their own modules, each with ``add_arguments(parser)`` and ``main(args) -> int``.
 A module is imported only when its command is the one asked for, so ``list`` stays fast."""
+
+USER_ERRORS = (MLGymRegistryError, ValueError, TypeError, OSError)
+"""Errors shown as one ``mlgym-registry: error: ...`` line with exit status 2: this package's own, bad values, files
+that cannot be read or written."""
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -121,12 +128,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except MLGymRegistryError as exc:
-        print(f"mlgym-registry: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("mlgym-registry: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # a command gave up with a message
+            return usage_error(exc.code)
+        raise
+    except USER_ERRORS as exc:
+        if os.environ.get("MLGYM_REGISTRY_DEBUG"):
+            raise
+        return usage_error(str(exc) or type(exc).__name__)
+
+
+def usage_error(message: str) -> int:
+    """Print ``mlgym-registry: error: MESSAGE`` (control characters escaped) to stderr, as argparse does; return 2."""
+    from .commands.run import printable
+
+    print(f"mlgym-registry: error: {printable(message)}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

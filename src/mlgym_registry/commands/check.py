@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..validation import cli_integer
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``check``."""
     parser.add_argument("task", metavar="PATH_OR_NAME", help="a registered task name or a task YAML file")
-    parser.add_argument("--runs", type=int, default=3, help="evaluator runs, each with its own seed (default: 3)")
+    parser.add_argument("--runs", type=cli_integer(1), default=3,
+                        help="evaluator runs, each with its own seed (default: 3)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -22,8 +25,6 @@ def main(args: argparse.Namespace) -> int:
     """Check the task and print what was found."""
     from ..testing import check_task
 
-    if args.runs < 1:
-        raise SystemExit("mlgym-registry check: --runs must be at least 1")
     report = check_task(args.task, runs=args.runs, raise_on_failure=False)
     if args.json:
         print(json.dumps({

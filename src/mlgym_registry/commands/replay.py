@@ -6,29 +6,42 @@ observation MLGym gave and the kind ours gave, then the final scores side by sid
 
 The task defaults to ``mlgym/<id>`` when an MLGym checkout is registered, else to our own task of that id, with a
 warning: recorded ``edit N:M`` commands were aimed at MLGym's starter files, whose line numbers ours need not share.
+
+``OUT`` follows ``run``'s rule: a folder that already holds a run, or that another run is writing to, is refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..recorded_files import first_windows, with_recorded_starters
 from ..tasks.mlgym_metrics import mlgym_ranking_metric
-from .run import add_backend_option_argument, backend_options, shorten
+from .run import (
+    OutFolder,
+    add_backend_option_argument,
+    add_episode_arguments,
+    backend_options,
+    default_out,
+    printable,
+    shorten,
+    with_changes,
+)
+
+if TYPE_CHECKING:
+    from ..trajectories import Trajectory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``replay``."""
     parser.add_argument("traj", metavar="PATH.traj", help="an MLGym trajectory file")
     parser.add_argument("--task", default=None, help="task to replay on (default: mlgym/<id>, else our <id>)")
-    parser.add_argument("--out", default=None, help="folder for the report (default: runs/replay-<id>-<time>)")
-    parser.add_argument("--max-steps", type=int, default=None, help="steps before autosubmission (default: the task's)")
-    parser.add_argument("--seed", type=int, default=None, help="seed for the backend and the evaluator")
+    parser.add_argument("--out", default=None, help="a new folder for the report, .traj and results.json (default: "
+                        "runs/replay-<id>-<time>); a folder that already holds a run is refused")
+    add_episode_arguments(parser)
     parser.add_argument(
         "--starter-files", choices=("recorded", "task"), default="recorded",
         help="recorded: start from the file versions the run showed when it first opened them, so its "
@@ -108,9 +121,33 @@ def default_task(trajectory_path: Path, environment: str = "mlgym_main") -> tupl
     if any(mlgym_ranking_metric(c) for c in candidates):
         hint = " It is one of MLGym's tasks: set MLGYM_ROOT to a checkout of facebookresearch/MLGym to replay it."
     raise SystemExit(
-        f"mlgym-registry replay: cannot tell which task {trajectory_path} belongs to (tried {candidates}); "
-        f"pass --task NAME.{hint}"
+        f"cannot tell which task {trajectory_path} belongs to (tried {candidates}); pass --task NAME.{hint}"
     )
+
+
+TEXT_STEP_FIELDS = ("action", "observation", "state", "thought")
+"""Step fields of a ``.traj`` that hold text or null (``response`` must be text: it is what gets replayed)."""
+
+
+def load_recorded(path: Path) -> Trajectory:
+    """Read a recorded ``.traj`` to replay; ``TrajectoryError`` says in one line what is wrong with the file."""
+    from ..trajectories import TrajectoryError, load_traj
+
+    where = f"trajectory file {str(path)!r}"
+    if path.is_dir():
+        raise TrajectoryError(f"{where} is a folder; pass the .traj file in it")
+    try:
+        recorded = load_traj(path)
+    except UnicodeDecodeError:
+        raise TrajectoryError(f"{where} is not text (a binary file?); an MLGym .traj is a JSON object") from None
+    for index, step in enumerate(recorded.steps):
+        if not isinstance(step.response, str):
+            raise TrajectoryError(f"{where}: step {index}: 'response' must be text, got {type(step.response).__name__}")
+        for name in TEXT_STEP_FIELDS:
+            value = getattr(step, name)
+            if value is not None and not isinstance(value, str):
+                raise TrajectoryError(f"{where}: step {index}: {name!r} must be text, got {type(value).__name__}")
+    return recorded
 
 
 def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None = None, seed: int | None = None,
@@ -129,22 +166,15 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
     from ..observation_kinds import observation_kind, recorded_kind
     from ..policies.replay import ReplayPolicy
     from ..registry import registry
-    from ..trajectories import TrajectoryWriter, atomic_write_json, load_traj
+    from ..trajectories import TrajectoryWriter, atomic_write_json
     from .run import Transcript, sigint_deferred, terminate_as_exit
 
-    recorded = load_traj(trajectory_path)
-    spec = registry.spec(task)
-    changes: dict[str, Any] = {"max_steps": max_steps} if max_steps else {}
-    if training_timeout:
-        changes["training_timeout"] = training_timeout
-    if options:
-        changes["backend_options"] = {**spec.backend_options, **options}
+    recorded = load_recorded(Path(trajectory_path))
+    spec = with_changes(registry.spec(task), max_steps=max_steps, training_timeout=training_timeout, options=options)
     replaced: list[str] = []
     if starter_files == "recorded":
         windows = first_windows((step.action or "", step.observation) for step in recorded.steps)
         spec, replaced = with_recorded_starters(spec, windows, out / "recorded-starters")
-    if changes:
-        spec = registry.spec(spec.replace(**changes, components={}))
     report = ReplayReport(
         source=str(trajectory_path),
         task=task,
@@ -219,18 +249,21 @@ def format_report(report: ReplayReport) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Replay the trajectory and print the report."""
-    from ..trajectories import load_traj
+    from ..registry import registry
 
     path = Path(args.traj)
-    recorded = load_traj(path)  # fail early, with the file's problem, before building anything
+    recorded = load_recorded(path)  # fail early, with the file's problem, before building anything
     task, warnings = (args.task, []) if args.task else default_task(path, recorded.environment)
+    options = backend_options(args.backend_option)
+    # every option is checked before the --out folder is made
+    with_changes(registry.spec(task), max_steps=args.max_steps, training_timeout=args.training_timeout, options=options)
     for warning in warnings:
-        print(f"mlgym-registry replay: warning: {warning}", file=sys.stderr)
-    stem = task.replace("/", "_")
-    out = Path(args.out or Path("runs") / f"replay-{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    report = replay(path, task, out, max_steps=args.max_steps, seed=args.seed, warnings=warnings,
-                    stream=None if args.quiet else sys.stdout, options=backend_options(args.backend_option),
-                    training_timeout=args.training_timeout, starter_files=args.starter_files)
-    print(format_report(report))
+        print(f"mlgym-registry replay: warning: {printable(warning)}", file=sys.stderr)
+    out = Path(args.out) if args.out else default_out(f"replay-{task.replace('/', '_')}")
+    with OutFolder(out):
+        report = replay(path, task, out, max_steps=args.max_steps, seed=args.seed, warnings=warnings,
+                        stream=None if args.quiet else sys.stdout, options=options,
+                        training_timeout=args.training_timeout, starter_files=args.starter_files)
+    print(printable(format_report(report)))
     print(f"wrote {out / 'replay-report.json'}")
     return 0

@@ -3,20 +3,32 @@
 The episode is written to ``OUT/<task>.traj`` and ``OUT/results.json`` in MLGym's formats after every step, so an
 interrupted run keeps every step it finished. ``--num-envs N`` plays N episodes at once in worker processes (through
 TorchRL's multi-process collector); each is written to ``OUT/env<i>/``.
+
+``OUT`` belongs to one run: a folder that already holds a run (a ``.traj``, ``results.json`` or
+``replay-report.json``, at its top or in a sub-folder) is refused, and so is a folder another run is writing to right
+now (each run holds an exclusive lock on ``OUT/.mlgym-registry.lock`` while it runs). Every option is checked before
+the folder is created, so a refused command leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
+import re
 import signal
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ..errors import MLGymRegistryError
+from ..validation import InvalidOptionError, cli_integer
 
 if TYPE_CHECKING:
     from ..episode import Turn
+    from ..specs import TaskSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,20 +36,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", help="a registered task name (see `mlgym-registry list --kind task`)")
     parser.add_argument("--policy", default="scripted",
                         help="scripted (default), replay:PATH.traj, human, or transformers:MODEL_DIR")
-    parser.add_argument("--max-steps", type=int, default=None, help="steps before autosubmission (default: the task's)")
-    parser.add_argument("--seed", type=int, default=None, help="seed for the backend and the evaluator")
+    add_episode_arguments(parser)
     parser.add_argument("--backend", default=None, help="backend name (default: the task's, usually 'local')")
     parser.add_argument("--out", default=None,
-                        help="folder for the .traj and results.json (default: runs/<task>-<time>)")
-    parser.add_argument("--num-envs", type=int, default=1, help="episodes to play at once, in worker processes")
+                        help="a new folder for the .traj and results.json (default: runs/<task>-<time>); "
+                        "a folder that already holds a run is refused")
+    parser.add_argument("--num-envs", type=cli_integer(1), default=1,
+                        help="episodes to play at once, in worker processes")
     add_backend_option_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="show only the final score")
+
+
+def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--max-steps`` and ``--seed``, checked by argparse (an integer >= 1, an integer >= 0)."""
+    parser.add_argument("--max-steps", type=cli_integer(1), default=None,
+                        help="steps before autosubmission (default: the task's)")
+    parser.add_argument("--seed", type=cli_integer(0), default=None,
+                        help="seed for the backend and the evaluator (an integer >= 0)")
 
 
 def add_backend_option_argument(parser: argparse.ArgumentParser) -> None:
     """``--training-timeout`` and ``-o KEY=VALUE`` (a backend option, repeatable; the value is read as JSON when it
     parses, else as text)."""
-    parser.add_argument("--training-timeout", type=int, default=None, metavar="SECONDS",
+    parser.add_argument("--training-timeout", type=cli_integer(1), default=None, metavar="SECONDS",
                         help="how long evaluations and training commands may run (default: the task's)")
     parser.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
                         help="backend option, e.g. -o command_timeout=10 -o long_timeout=60 (repeatable)")
@@ -51,7 +72,7 @@ def backend_options(pairs: list[str]) -> dict[str, object]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise SystemExit(f"mlgym-registry: a backend option must look like KEY=VALUE, got {pair!r}")
+            raise InvalidOptionError(f"-o {pair!r}: a backend option must look like KEY=VALUE (-o command_timeout=10)")
         try:
             options[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
@@ -59,26 +80,42 @@ def backend_options(pairs: list[str]) -> dict[str, object]:
     return options
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the episode(s); exit 0 when every episode ended (submitted or autosubmitted)."""
+def with_changes(spec: TaskSpec, *, max_steps: int | None = None, backend: str | None = None,
+                 training_timeout: int | None = None, options: dict[str, Any] | None = None) -> TaskSpec:
+    """``spec`` with the command line's changes, checked the way ``registry.make`` checks them (nothing is built)."""
     from ..registry import registry
 
-    if args.num_envs < 1:
-        raise SystemExit("mlgym-registry run: --num-envs must be at least 1")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise SystemExit("mlgym-registry run: --max-steps must be at least 1")
-    spec = registry.spec(args.task)
-    changes = {key: value for key, value in (("max_steps", args.max_steps), ("backend", args.backend),
-                                             ("training_timeout", args.training_timeout)) if value}
-    options = backend_options(args.backend_option)
+    changes: dict[str, Any] = {key: value for key, value in (("max_steps", max_steps), ("backend", backend),
+                                                             ("training_timeout", training_timeout)) if value}
     if options:
         changes["backend_options"] = {**spec.backend_options, **options}
     if changes:
         spec = registry.spec(spec.replace(**changes, components={}))
-    out = Path(args.out or Path("runs") / f"{spec.id.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if args.num_envs > 1:
-        return run_many(spec, args, out)
-    return run_one(spec, args, out)
+    registry.resolve(spec)  # unknown backend options, values out of range: refused now, before any file is written
+    return spec
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the episode(s); exit 0 when every episode ended (submitted or autosubmitted)."""
+    from ..registry import registry
+
+    spec = with_changes(registry.spec(args.task), max_steps=args.max_steps, backend=args.backend,
+                        training_timeout=args.training_timeout, options=backend_options(args.backend_option))
+    check_policy(args.policy)
+    out = Path(args.out) if args.out else default_out(spec.id.replace("/", "_"))
+    with OutFolder(out):
+        if args.num_envs > 1:
+            return run_many(spec, args, out)
+        return run_one(spec, args, out)
+
+
+def check_policy(text: str) -> None:
+    """Refuse a ``replay:PATH`` policy whose file is not a readable ``.traj`` before anything is written."""
+    kind, _, argument = text.partition(":")
+    if kind == "replay" and argument:
+        from .replay import load_recorded
+
+        load_recorded(Path(argument))
 
 
 def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = None) -> int:
@@ -90,10 +127,12 @@ def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = N
 
     stream = stream or sys.stdout
     policy = make_policy(args.policy, task_id=spec.id)
+    if getattr(policy, "interactive", False) and hasattr(policy, "stdout"):
+        policy.stdout = EscapedStream(policy.stdout)  # a person's policy prints the prompts, command output included
     writer = TrajectoryWriter(out, spec.id, baseline=spec.baseline, environment=f"mlgym_registry:{spec.backend}")
     if not args.quiet:
         stream.write(f"task {spec.id} on backend {spec.backend!r}, up to {spec.max_steps} steps, policy "
-                     f"{args.policy}; recording to {writer.traj_path}\n")
+                     f"{printable(args.policy)}; recording to {writer.traj_path}\n")
         stream.flush()
     env = registry.make(spec)
     try:
@@ -104,9 +143,9 @@ def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = N
         with sigint_deferred():
             env.close()
             policy.close()
-    stream.write(result.summary() + "\n")
+    stream.write(printable(result.summary()) + "\n")
     if result.stop_reason:
-        stream.write(f"the episode did not end: {result.stop_reason}\n")
+        stream.write(f"the episode did not end: {printable(result.stop_reason)}\n")
     stream.write(f"wrote {writer.traj_path} and {writer.results_path}\n")
     stream.flush()
     return 0 if result.finished else 1
@@ -121,9 +160,147 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
                            on_step=lambda finished, steps: bar.update(finished, f"({steps} steps)"))
     bar.close()
     for index, result in enumerate(results):
-        print(f"env {index}: {result.summary()}")
+        print(f"env {index}: {printable(result.summary())}")
     print(f"wrote {out}/env<i>/{spec.id}.traj and results.json for {len(results)} episodes")
     return 0 if all(result.finished for result in results) else 1
+
+
+# -- the --out folder --------------------------------------------------------------------------------------------
+def default_out(stem: str) -> Path:
+    """``runs/<stem>-<time>``, or ``runs/<stem>-<time>-<n>`` when a run started in the same second took that."""
+    base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    candidate, number = base, 1
+    while candidate.exists():
+        number += 1
+        candidate = base.with_name(f"{base.name}-{number}")
+    return candidate
+
+
+LOCK_NAME = ".mlgym-registry.lock"
+"""The file in ``--out`` a run holds an exclusive ``flock`` on while it runs (removed when it ends)."""
+
+RUN_FILES = ("*.traj", "results.json", "replay-report.json")
+"""Files that show a folder already holds a run (at its top, or in a sub-folder such as ``env<i>/``)."""
+
+LOCK_ATTEMPTS = 20
+
+
+class OutFolderError(MLGymRegistryError):
+    """An ``--out`` folder this run may not write to: a file, a folder that holds a run, or one in use."""
+
+
+class OutFolder:
+    """Exclusive use of an ``--out`` folder for one run, as a context manager.
+
+    On entry the folder is created when missing, locked (``flock`` on ``LOCK_NAME``; the kernel drops the lock when
+    the process dies, so a killed run never blocks the folder) and checked to hold no earlier run; any of these
+    failing raises ``OutFolderError``. On exit the lock file is removed, and the folder too when this run created it
+    and wrote nothing. A run that finds the lock taken fails at once rather than wait: of several runs started with
+    the same ``--out`` exactly one proceeds.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.lock_path = self.path / LOCK_NAME
+        self._fd: int | None = None
+        self._created = False
+
+    def __enter__(self) -> OutFolder:
+        self.claim()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def claim(self) -> None:
+        """Create, lock and check the folder (``OutFolderError`` when this run may not use it)."""
+        self._make_folder()
+        self._lock()
+        try:
+            found = existing_run(self.path)
+        except OSError as exc:
+            self.release()
+            raise self._error(f"cannot be read ({exc.strerror or exc}); choose another --out") from None
+        if found is not None:
+            self.release()
+            raise self._error(f"already holds a run ({found}); choose another --out or remove that folder")
+
+    def release(self) -> None:
+        """Remove the lock file (while still holding the lock), unlock, and remove the folder if this run made it
+        and it is empty."""
+        if self._fd is None:
+            return
+        try:
+            self.lock_path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)
+            self._fd = None
+        if self._created:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass  # the run wrote something: keep it
+
+    def _error(self, problem: str) -> OutFolderError:
+        return OutFolderError(f"--out {str(self.path)!r} {problem}")
+
+    def _make_folder(self) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise self._error("is a file, not a folder; choose another --out")
+        try:
+            self.path.mkdir(parents=True)
+            self._created = True
+        except FileExistsError:
+            if not self.path.is_dir():
+                raise self._error("is a file, not a folder; choose another --out") from None
+        except OSError as exc:
+            raise self._error(f"cannot be created ({exc.strerror or exc}); choose another --out") from None
+
+    def _lock(self) -> None:
+        """Hold an exclusive lock on the lock file that is at ``lock_path`` now.
+
+        A run removes its lock file before unlocking, so a lock won on a file already removed is worth nothing:
+        try again on the new file.
+        """
+        for _ in range(LOCK_ATTEMPTS):
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:  # the run that created the folder removed it on the way out
+                self._make_folder()
+                continue
+            except OSError as exc:
+                raise self._error(f"cannot be written to ({exc.strerror or exc}); choose another --out") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise self._error("is in use by another run right now; choose another --out") from None
+            if _same_file(fd, self.lock_path):
+                self._fd = fd
+                return
+            os.close(fd)
+        raise self._error("is in use by another run right now; choose another --out")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """True when the open file ``fd`` is the file at ``path``."""
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+
+def existing_run(folder: Path) -> Path | None:
+    """A file of an earlier run in ``folder`` or one of its sub-folders (``env<i>/``), or None."""
+    places = [folder, *sorted(child for child in folder.iterdir() if child.is_dir())]
+    for place in places:
+        for pattern in RUN_FILES:
+            for match in sorted(place.glob(pattern)):
+                if match.is_file():
+                    return match
+    return None
 
 
 @contextmanager
@@ -162,6 +339,34 @@ def sigint_deferred():
 
 
 # -- showing an episode ------------------------------------------------------------------------------------------
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to show on a terminal: control characters other than newline and tab (escape sequences,
+    carriage returns, bells) are shown as ``\\xNN``, so command output cannot drive the terminal."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match[0]):02x}", text)
+
+
+class EscapedStream:
+    """A text stream that passes everything written to it through ``printable``."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        """Write ``text`` with its control characters escaped."""
+        return self.stream.write(printable(text))
+
+    def flush(self) -> None:
+        """Flush the underlying stream."""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        """Whether the underlying stream is a terminal."""
+        return bool(getattr(self.stream, "isatty", lambda: False)())
+
+
 OBSERVATION_LINES = 4
 OBSERVATION_WIDTH = 100
 
@@ -201,7 +406,7 @@ class Transcript:
         self.stream = stream or sys.stdout
 
     def __call__(self, turn: Turn) -> None:
-        self.stream.write(format_turn(turn) + "\n")
+        self.stream.write(printable(format_turn(turn)) + "\n")
         self.stream.flush()
 
 
