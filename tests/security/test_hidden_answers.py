@@ -3,6 +3,7 @@ them. An r2 of 1.0 means the submission was the answers themselves."""
 
 from __future__ import annotations
 
+import os
 import platform
 import textwrap
 from pathlib import Path
@@ -205,3 +206,76 @@ def test_agent_code_run_by_the_evaluation_cannot_read_secret_files(tmp_path):
         assert output.strip() == "", output
     finally:
         env.close()
+
+
+class _Listed:
+    """The entries of a finished ``os.scandir``, usable as its iterator and context manager."""
+
+    def __init__(self, entries):
+        self._entries = entries
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def close(self):
+        pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="hole: the host-side copy of the workspace (run as the driver's user) follows a link that replaces a "
+    "listed file before the file is opened: any agent process that runs during the copy (the freeze stops pids one "
+    "by one with SIGSTOP: escaped through the sandbox's init, or by processes that SIGCONT each other) makes it read "
+    "any host file into the evaluation, here the hidden answers",
+)
+def test_the_copy_never_reads_outside_the_workspace_even_if_the_agent_runs(env, answers, monkeypatch):
+    """What an agent process that escaped the freeze can do at the worst moments, simulated deterministically from the
+    host: whenever the driver lists the workspace, submission.csv is the honest file; right after, it is a link to
+    the host's answers (``data/`` is the task's data: never copied from the workspace, so a safe place to keep both)."""
+    run(env, f"python baseline.py >/dev/null && chmod u+w data && ln -s '{answers}' data/swap")
+    workspace = env.host_workspace.resolve()
+    submission, swap, spare = (workspace / "submission.csv", workspace / "data" / "swap", workspace / "data" / "spare")
+    real_scandir, real_listdir = os.scandir, os.listdir
+    listings = []
+
+    def exchange():
+        os.replace(submission, spare)
+        os.replace(swap, submission)
+        os.replace(spare, swap)
+
+    def is_workspace(path) -> bool:
+        return not isinstance(path, int) and Path(os.fspath(path)).resolve() == workspace
+
+    def scandir(path="."):
+        if not is_workspace(path):
+            return real_scandir(path)
+        if submission.is_symlink():
+            exchange()  # listed: the honest file
+        entries = list(real_scandir(path))
+        listings.append(path)
+        exchange()  # opened: the link
+        return _Listed(entries)
+
+    def listdir(path="."):
+        if not is_workspace(path):
+            return real_listdir(path)
+        if submission.is_symlink():
+            exchange()
+        names = real_listdir(path)
+        listings.append(path)
+        exchange()
+        return names
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "listdir", listdir)
+    obs, score = validate(env)
+    monkeypatch.undo()
+    assert listings, "the driver never listed the workspace: adapt this simulation to the new way of copying it"
+    assert_no_answers(obs, score)
