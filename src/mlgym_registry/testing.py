@@ -269,7 +269,11 @@ def _isolate(isolator: Callable[..., Any], response: str, parser: Any, what: str
 # -- backends ----------------------------------------------------------------------------------------------------
 def check_backend(factory: Callable[..., Any], spec: TaskSpec | str = "prisonersDilemma", **options: Any) -> None:
     """Run a short episode on a backend and check MLGym's contract: reset, tools, a command, step counting, the
-    five-key ``info``, a submit that ends the episode with a score, and a ``close`` that leaves nothing behind."""
+    five-key ``info``, a submit that ends the episode with a score, and a ``close`` that leaves nothing behind.
+
+    ``task_workspace`` is the workspace's path as the agent sees it; it need not exist on this machine (a container's
+    or a sandbox's path). A backend whose workspace is a folder here exposes it as ``host_workspace``: the kit then
+    checks that it exists after ``reset()`` and is gone after ``close()``."""
     from .backends.protocol import INFO_KEYS, ToolSet
     from .registry import registry
 
@@ -281,9 +285,14 @@ def check_backend(factory: Callable[..., Any], spec: TaskSpec | str = "prisoners
         reset = backend.reset(seed=0)
         if not (isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[0], dict)):
             _fail(what, f"reset() returned {reset!r}; it must return ({{'observation': None}}, {{}})")
-        workspace = Path(backend.task_workspace)
-        if not workspace.is_dir():
-            _fail(what, f"task_workspace {workspace} is not a directory after reset()")
+        # ``task_workspace`` is where the agent sees its workspace (a path inside a sandbox or container may not
+        # exist here); a backend whose workspace is a folder on this machine names it ``host_workspace``
+        host = getattr(backend, "host_workspace", None)
+        workspace = Path(host) if host is not None else None
+        if workspace is not None and not workspace.is_dir():
+            _fail(what, f"host_workspace {workspace} is not a directory after reset()")
+        if not str(backend.task_workspace).startswith("/"):
+            _fail(what, f"task_workspace {backend.task_workspace!r} is not an absolute path")
         tools = backend.install_tools()
         if not isinstance(tools, ToolSet):
             _fail(what, f"install_tools() returned {type(tools).__name__}; it must return a ToolSet")
