@@ -31,7 +31,7 @@ def moves(strategy, histories):
     process and offers `map`, which makes all these calls in one round trip."""
     many = getattr(strategy, "map", None)
     if callable(many):
-        return many([(list(history),) for history in histories])
+        return many([(history,) for history in histories])  # each history arrives as a copy anyway
     return [strategy(list(history)) for history in histories]
 
 
