@@ -316,6 +316,9 @@ class Registry:
                 raise InvalidOverrideError(unknown, valid)
             backend_options.update(overrides)
         validate_task_options(spec, backend_options, accepted)
+        check_available = getattr(backend_factory, "check_available", None)
+        if callable(check_available):  # a backend that cannot run on this machine says so now, not at reset
+            check_available(**backend_options)
         resolved = ResolvedTask(
             spec=spec,
             backend_factory=backend_factory,

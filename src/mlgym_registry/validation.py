@@ -100,6 +100,7 @@ OPTION_RULES: dict[str, Rule] = {
     "max_file_mb": integer_at_least(1, optional=True),
     "seed": integer_at_least(0, optional=True),
     "network": BOOLEAN,
+    "sandbox": Rule("'bwrap' or 'none'", lambda value: value in ("bwrap", "none")),
     "workspace_dir": instance_of("a folder path", str, os.PathLike, optional=True),
     "python": instance_of("an interpreter path", str, os.PathLike, optional=True),
     # the chain

@@ -212,8 +212,6 @@ class LocalBackend:
         if sandbox not in sandbox_mod.SANDBOX_MODES:
             raise ValueError(f"local backend: sandbox={sandbox!r}; use one of {', '.join(sandbox_mod.SANDBOX_MODES)}")
         self.check_available(sandbox=sandbox)
-        if sandbox == "none":
-            sandbox_mod.warn_unsandboxed()
         self.sandboxed = sandbox == "bwrap"
         self.python = _interpreter(python)
         self.spec = spec
@@ -273,8 +271,11 @@ class LocalBackend:
 
     @staticmethod
     def check_available(*, sandbox: str = "bwrap", **_options: Any) -> None:
-        """Raise ``BackendUnavailable`` now (at ``make``) when this host cannot run the chosen sandbox."""
-        if sandbox == "bwrap":
+        """Raise ``BackendUnavailable`` now (at ``make``) when this host cannot run the chosen sandbox; warn once
+        when there is to be none."""
+        if sandbox == "none":
+            sandbox_mod.warn_unsandboxed()
+        elif sandbox == "bwrap":
             try:
                 sandbox_mod.check()
             except sandbox_mod.SandboxUnavailable as exc:

@@ -185,4 +185,4 @@ UNSANDBOXED = (
 @functools.cache
 def warn_unsandboxed() -> None:
     """Warn, once per process, that ``sandbox='none'`` was chosen."""
-    warnings.warn(UNSANDBOXED, RuntimeWarning, stacklevel=4)
+    warnings.warn(UNSANDBOXED, RuntimeWarning, stacklevel=2)
