@@ -29,12 +29,12 @@ def make_env():
     for options in attempts:
         env = None
         try:
-            env = registry.make(TASK, **options)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # sandbox="none" warns that it is unsafe
+                env = registry.make(TASK, **options)
                 td = env.reset()
             return env, td
-        except (BackendUnavailable, TypeError, ValueError) as exc:
+        except BackendUnavailable as exc:
             if env is not None:
                 env.close()
             reason = exc
