@@ -63,7 +63,7 @@ def observation_kind(observation: str | None) -> str:
         return "validate_score"
     if text.startswith(_VALIDATE_ERRORS):
         return "validate_error"
-    if text.startswith("Malformed edit command."):
+    if text.startswith(("Malformed edit command.", "Malformed insert command.")):
         return "malformed_edit"
     if _LINT.search(text) and "would have looked if applied" in text:
         return "lint_rejection"

@@ -52,11 +52,17 @@ TRAIN_COMMANDS = frozenset({"torchrun", "python", "python3", "accelerate", "deep
 """Programs whose commands get the long (training) timeout, as MLGym gives them; only as a command, not any word."""
 SPECIAL_EXITS = ("exit_context", "exit_cost", "exit_error", "exit_format", "exit_api")
 EDIT_PATTERN = re.compile(r"^edit\s+(\d+):(\d+)(?:\n|$|\s)", re.MULTILINE)
+INSERT_PATTERN = re.compile(r"^insert\s+(\d+)(?:\n|$|\s)", re.MULTILINE)
+LONE_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+"""Surrogates that are not ``surrogateescape``'s stand-ins for raw bytes: they cannot be sent to the shell."""
 VALIDATION = re.compile(r"<<VALIDATION\|\|(.*)\|\|VALIDATION>>", re.DOTALL)
 SUBMISSION = re.compile(r"<<SUBMISSION\|\|(.*)\|\|SUBMISSION>>", re.DOTALL)
 
 MALFORMED_EDIT = (
     "Malformed edit command. Please ensure you use the `end_of_edit` keyword to mark the end of your edit."
+)
+MALFORMED_INSERT = (
+    "Malformed insert command. Please ensure you use the `end_of_insert` keyword to mark the end of your insert."
 )
 SUBMISSION_NOT_FOUND = (
     "Submission artefact not found. You have to produce a valid submission artefact as described in the task "
@@ -345,6 +351,7 @@ class LocalBackend:
         (the command is not run). Raises ``CommandTimeout`` when the command runs out of time (its processes are
         killed first, so the session stays usable).
         """
+        input = LONE_SURROGATE.sub("\ufffd", input)
         if input.strip() == "exit":
             self._res.stop_session()
             self.returncode = 0
@@ -392,6 +399,8 @@ class LocalBackend:
             return self._evaluate(info, action)
         if EDIT_PATTERN.match(action) and "end_of_edit" not in action:
             return MALFORMED_EDIT, 0, False, info
+        if INSERT_PATTERN.match(action) and "end_of_insert" not in action:
+            return MALFORMED_INSERT, 0, False, info
 
         timeout = self.long_timeout if runs_training(action) else self.command_timeout
         try:
@@ -622,7 +631,11 @@ class LocalBackend:
         hidden = [str(PACKAGE_DIR), str(self._res.root)]
         if self.spec.root:
             hidden.append(str(Path(self.spec.root).resolve()))
-        return sandbox_mod.SandboxSpec(binds=binds, hidden=hidden, network=self.network)
+        # the sandbox's in-memory folders (/tmp, /var/tmp, ~) count against the memory limit only under a memory
+        # cgroup: keep the three together within three quarters of it in any case
+        size = 512 if not self.limits.memory_limit_mb else max(16, min(512, self.limits.memory_limit_mb // 4))
+        return sandbox_mod.SandboxSpec(binds=binds, hidden=hidden, network=self.network, tmp_size_mb=size,
+                                       home_size_mb=size)
 
     def _wrap_evaluation(self, argv: list[str], view: Path) -> list[str]:
         return sandbox_mod.command(argv, self._sandbox_spec(view, writable=False))

@@ -14,6 +14,7 @@ import json
 import os
 import select
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -245,33 +246,75 @@ def _end(proc: subprocess.Popen) -> None:
 
 
 def _snapshot(source: Path, target: Path, skip: set[str]) -> None:
-    """Copy the workspace (real copies: the agent may still be writing to it), leaving out ``skip`` paths."""
+    """Copy the workspace into ``target``, leaving out ``skip`` paths, without ever following a link of the agent's.
 
-    def ignore(folder: str, names: list[str]) -> list[str]:
-        relative = os.path.relpath(folder, source)
-        prefix = "" if relative == "." else relative + "/"
-        return [name for name in names if prefix + name in skip]
+    The copy runs as the driver's user (often root) over a folder the agent controls, so every name is opened
+    relative to its folder's descriptor with ``O_NOFOLLOW``: a file or folder swapped for a link between listing and
+    opening fails to open and is left out, instead of making the copy read a file of the host. Links are kept as
+    links, then resolved inside the copy (``_resolve_links``), which the agent cannot touch.
+    """
+    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _copy_folder(fd, target, "", skip)
+    finally:
+        os.close(fd)
+    _resolve_links(target)
 
-    shutil.copytree(source, target, symlinks=True, ignore=ignore)
-    _resolve_links(source, target)
+
+_NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
-def _resolve_links(source: Path, target: Path) -> None:
-    """Replace the snapshot's symbolic links by copies of what they point to inside the workspace, and drop the rest.
+def _copy_folder(folder_fd: int, target: Path, prefix: str, skip: set[str]) -> None:
+    target.mkdir()
+    for name in os.listdir(folder_fd):
+        if prefix + name in skip:
+            continue
+        try:
+            info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                os.symlink(os.readlink(name, dir_fd=folder_fd), target / name)
+            elif stat.S_ISDIR(info.st_mode):
+                fd = os.open(name, _NO_FOLLOW | os.O_DIRECTORY, dir_fd=folder_fd)
+                try:
+                    _copy_folder(fd, target / name, f"{prefix}{name}/", skip)
+                finally:
+                    os.close(fd)
+            elif stat.S_ISREG(info.st_mode):
+                _copy_file(folder_fd, name, target / name)
+        except OSError:
+            continue  # gone, swapped for a link, or not a plain file or folder: not part of the snapshot
+
+
+def _copy_file(folder_fd: int, name: str, target: Path) -> None:
+    fd = os.open(name, _NO_FOLLOW, dir_fd=folder_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return  # a fifo or device swapped in: reading it could block or mean anything
+        os.set_blocking(fd, True)
+        with open(fd, "rb", closefd=False) as reader, open(target, "wb") as writer:
+            shutil.copyfileobj(reader, writer, 1 << 20)
+        os.chmod(target, stat.S_IMODE(info.st_mode))
+        os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+    finally:
+        os.close(fd)
+
+
+def _resolve_links(root: Path) -> None:
+    """Replace the copy's symbolic links by copies of what they point to inside the copy, and drop the rest.
 
     A link is the agent's; resolved in the evaluation's view it could reach a file the agent may not read (a secret
-    answer put back only there) or a host file. Only targets inside the live workspace, as the agent sees it, count.
+    answer put back only there) or a file of the host. Only targets inside the copy itself count.
     """
-    root = source.resolve()
-    for folder, dirs, files in os.walk(target):
+    base = root.resolve()
+    for folder, dirs, files in os.walk(root):
         for name in [*dirs, *files]:
             link = Path(folder, name)
             if not link.is_symlink():
                 continue
-            original = source / link.relative_to(target)
-            resolved = original.resolve()
+            resolved = link.resolve()
             link.unlink()
-            if not resolved.is_relative_to(root) or not resolved.exists():
+            if not resolved.is_relative_to(base) or not resolved.exists():
                 continue
             if resolved.is_dir():
                 shutil.copytree(resolved, link, symlinks=True)  # links inside are resolved as the walk reaches them

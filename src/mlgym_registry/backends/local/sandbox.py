@@ -42,6 +42,13 @@ SYSTEM_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-"
                   "/etc/sudoers.d", "/etc/ssl/private")
 """Host files never shown, even read-only: the agent maps to the driver's user, which may be root."""
 
+PROC_MASKED = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats",
+               "/proc/timer_stats", "/proc/sysrq-trigger", "/proc/kallsyms")
+PROC_MASKED_DIRS = ("/proc/acpi", "/proc/scsi", "/proc/asound")
+PROC_READ_ONLY = ("/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs")
+"""The kernel's global files under ``/proc`` (as container engines treat them): where the driver runs as root, the
+agent's user maps to root, and file permissions alone would let it write kernel settings or trigger sysrq."""
+
 SANDBOX_MODES = ("bwrap", "none")
 
 
@@ -105,7 +112,9 @@ def command(argv: Sequence[str], spec: SandboxSpec) -> list[str]:
     bwrap = bwrap_executable()
     if bwrap is None:
         raise SandboxUnavailable(NO_BWRAP)
-    args = [bwrap, "--unshare-all", "--new-session", "--uid", str(AGENT_UID), "--gid", str(AGENT_UID),
+    # --as-pid-1: the command itself is the namespace's first process, so there is no init of bwrap's inside that
+    # the agent could take over with ptrace and that the backend would have to tell apart from the agent's processes
+    args = [bwrap, "--unshare-all", "--new-session", "--as-pid-1", "--uid", str(AGENT_UID), "--gid", str(AGENT_UID),
             "--hostname", "mlgym"]
     if spec.network:
         args.append("--share-net")
@@ -119,6 +128,15 @@ def command(argv: Sequence[str], spec: SandboxSpec) -> list[str]:
             args += ["--ro-bind", path, path]
     args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
     args += ["--proc", "/proc", "--dev", "/dev"]
+    for path in PROC_MASKED:
+        if os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    for path in PROC_MASKED_DIRS:
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+    for path in PROC_READ_ONLY:
+        if os.path.isdir(path):
+            args += ["--ro-bind", path, path]
     args += ["--size", str(spec.tmp_size_mb << 20), "--tmpfs", "/tmp"]
     args += ["--size", str(spec.tmp_size_mb << 20), "--tmpfs", "/var/tmp"]
     args += ["--size", str(spec.home_size_mb << 20), "--tmpfs", AGENT_HOME]
@@ -134,7 +152,7 @@ def command(argv: Sequence[str], spec: SandboxSpec) -> list[str]:
     for path in outermost(spec.hidden):
         if _under(path, shown) and os.path.isdir(path):
             args += ["--tmpfs", path, "--remount-ro", path]
-    args += ["--chdir", spec.cwd, "--", *argv]
+    args += ["--remount-ro", "/", "--chdir", spec.cwd, "--", *argv]
     return args
 
 
