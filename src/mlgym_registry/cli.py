@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def usage_error(message: str) -> int:
     """Print ``mlgym-registry: error: MESSAGE`` (control characters escaped) to stderr, as argparse does; return 2."""
-    from .commands.run import printable
+    from .terminal import printable
 
     print(f"mlgym-registry: error: {printable(message)}", file=sys.stderr)
     return 2

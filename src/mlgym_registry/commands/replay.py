@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..recorded_files import first_windows, with_recorded_starters
 from ..tasks.mlgym_metrics import mlgym_ranking_metric
+from ..terminal import printable
 from .run import (
     OutFolder,
     add_backend_option_argument,
     add_episode_arguments,
     backend_options,
     default_out,
-    printable,
     shorten,
     with_changes,
 )

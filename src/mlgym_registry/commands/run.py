@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
-import re
 import signal
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..errors import MLGymRegistryError
+from ..terminal import printable
 from ..validation import InvalidOptionError, cli_integer
 
 if TYPE_CHECKING:
@@ -127,8 +127,6 @@ def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = N
 
     stream = stream or sys.stdout
     policy = make_policy(args.policy, task_id=spec.id)
-    if getattr(policy, "interactive", False) and hasattr(policy, "stdout"):
-        policy.stdout = EscapedStream(policy.stdout)  # a person's policy prints the prompts, command output included
     writer = TrajectoryWriter(out, spec.id, baseline=spec.baseline, environment=f"mlgym_registry:{spec.backend}")
     if not args.quiet:
         stream.write(f"task {spec.id} on backend {spec.backend!r}, up to {spec.max_steps} steps, policy "
@@ -339,34 +337,6 @@ def sigint_deferred():
 
 
 # -- showing an episode ------------------------------------------------------------------------------------------
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """``text`` safe to show on a terminal: control characters other than newline and tab (escape sequences,
-    carriage returns, bells) are shown as ``\\xNN``, so command output cannot drive the terminal."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match[0]):02x}", text)
-
-
-class EscapedStream:
-    """A text stream that passes everything written to it through ``printable``."""
-
-    def __init__(self, stream: TextIO):
-        self.stream = stream
-
-    def write(self, text: str) -> int:
-        """Write ``text`` with its control characters escaped."""
-        return self.stream.write(printable(text))
-
-    def flush(self) -> None:
-        """Flush the underlying stream."""
-        self.stream.flush()
-
-    def isatty(self) -> bool:
-        """Whether the underlying stream is a terminal."""
-        return bool(getattr(self.stream, "isatty", lambda: False)())
-
-
 OBSERVATION_LINES = 4
 OBSERVATION_WIDTH = 100
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from ..terminal import printable
 from .base import Messages, Policy, PolicyExhausted, fenced, last_user_message
 
 BLOCK_ENDS = {"edit": "end_of_edit", "insert": "end_of_insert"}
@@ -55,5 +56,5 @@ class HumanPolicy(Policy):
         return line.rstrip("\n")
 
     def _print(self, text: str) -> None:
-        self.stdout.write(text.rstrip("\n") + "\n")
+        self.stdout.write(printable(text.rstrip("\n")) + "\n")  # prompts hold command output
         self.stdout.flush()

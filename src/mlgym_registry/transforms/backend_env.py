@@ -165,8 +165,12 @@ class BackendEnv(EnvBase):
         return out
 
     def _set_seed(self, seed: int | None) -> None:
+        from ..validation import check_option
+
+        check_option("seed", seed)  # a refused seed leaves the env's seed as it was
+        rng = np.random.default_rng(seed)
         self._seed = seed
-        self.task_rng = np.random.default_rng(seed)
+        self.task_rng = rng
 
     def close(self, *, raise_if_closed: bool = True) -> None:
         """Close the backend (it removes its processes and files) and the env."""
