@@ -124,8 +124,8 @@ def user_process_count() -> int:
     return count
 
 
-class PidsCgroup:
-    """A ``pids`` cgroup of our own (v1 or v2), capping how many tasks a session may have at once."""
+class Cgroup:
+    """A cgroup of our own (v1 or v2): processes join it between fork and exec and stay in it with their children."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -135,24 +135,6 @@ class PidsCgroup:
         """The file a process writes its pid to in order to join."""
         return str(self.path / "cgroup.procs")
 
-    @classmethod
-    def create(cls, max_pids: int) -> PidsCgroup | None:
-        """A new cgroup limited to ``max_pids`` tasks, or None when this process may not make one."""
-        name = f"mlgym-registry-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        for parent in _candidate_parents():
-            _sweep_empty(parent)
-            path = parent / name
-            try:
-                path.mkdir()
-            except OSError:
-                continue
-            try:
-                (path / "pids.max").write_text(str(max_pids))
-                return cls(path)
-            except OSError:
-                _rmdir(path)
-        return None
-
     def members(self) -> set[int]:
         """The pids in the cgroup now."""
         try:
@@ -160,12 +142,46 @@ class PidsCgroup:
         except OSError:
             return set()
 
+    def remove(self) -> None:
+        """Delete the (empty) cgroup."""
+        _rmdir(self.path)
+
+
+def _make_cgroup(parent: Path, configure: Callable[[Path], None]) -> Path | None:
+    """A new cgroup under ``parent``, set up by ``configure``; None when this process may not make or set it."""
+    _sweep_empty(parent)
+    path = parent / f"mlgym-registry-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir()
+    except OSError:
+        return None
+    try:
+        configure(path)
+    except OSError:
+        _rmdir(path)
+        return None
+    return path
+
+
+class PidsCgroup(Cgroup):
+    """A ``pids`` cgroup capping how many tasks a session may have at once."""
+
+    @classmethod
+    def create(cls, max_pids: int) -> PidsCgroup | None:
+        """A new cgroup limited to ``max_pids`` tasks, or None when this process may not make one."""
+        for parent in _candidate_parents():
+            path = _make_cgroup(parent, lambda p: (p / "pids.max").write_text(str(max_pids)))
+            if path is not None:
+                return cls(path)
+        return None
+
     def current(self) -> int:
         """How many tasks the cgroup counts now (exited ones still count until their parent or init reaps them)."""
         try:
             return int((self.path / "pids.current").read_text())
         except (OSError, ValueError):
             return 0
+
 
     def wait_reaped(self, keep: int, within: float = 5.0) -> bool:
         """Wait until at most ``keep`` tasks are counted, i.e. killed processes were reaped; True when they were."""
@@ -175,6 +191,7 @@ class PidsCgroup:
                 return False
             time.sleep(0.01)
         return True
+
 
     def hit_limit_count(self) -> int:
         """How many forks the limit has refused so far."""
@@ -187,49 +204,23 @@ class PidsCgroup:
             pass
         return 0
 
-    def remove(self) -> None:
-        """Delete the (empty) cgroup."""
-        _rmdir(self.path)
 
 
-class MemoryCgroup:
-    """A memory cgroup of our own (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``): one limit for a whole env."""
+class MemoryCgroup(Cgroup):
+    """A memory cgroup (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``): one limit for a whole env."""
 
     def __init__(self, path: Path, v2: bool):
-        self.path, self.v2 = path, v2
-
-    @property
-    def procs_file(self) -> str:
-        """The file a process writes its pid to in order to join."""
-        return str(self.path / "cgroup.procs")
+        super().__init__(path)
+        self.v2 = v2
 
     @classmethod
     def create(cls, limit_mb: int) -> MemoryCgroup | None:
         """A new cgroup whose processes may use ``limit_mb`` MiB together, or None when none may be made here."""
-        name = f"mlgym-registry-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         for parent, v2 in _memory_parents():
-            _sweep_empty(parent)
-            path = parent / name
-            try:
-                path.mkdir()
-            except OSError:
-                continue
-            try:
-                limit = str(limit_mb << 20)
-                if v2:
-                    (path / "memory.max").write_text(limit)
-                    if (path / "memory.swap.max").exists():
-                        (path / "memory.swap.max").write_text("0")
-                else:
-                    (path / "memory.limit_in_bytes").write_text(limit)
+            path = _make_cgroup(parent, lambda p, v2=v2: _set_memory_limit(p, limit_mb << 20, v2))
+            if path is not None:
                 return cls(path, v2)
-            except OSError:
-                _rmdir(path)
         return None
-
-    def members(self) -> set[int]:
-        """The pids in the cgroup now."""
-        return PidsCgroup(self.path).members()
 
     def oom_kills(self) -> int:
         """How many processes the kernel killed so far for going over the limit."""
@@ -243,9 +234,15 @@ class MemoryCgroup:
                 return int(value)
         return 0
 
-    def remove(self) -> None:
-        """Delete the (empty) cgroup."""
-        _rmdir(self.path)
+
+
+def _set_memory_limit(path: Path, limit: int, v2: bool) -> None:
+    if not v2:
+        (path / "memory.limit_in_bytes").write_text(str(limit))
+        return
+    (path / "memory.max").write_text(str(limit))
+    if (path / "memory.swap.max").exists():
+        (path / "memory.swap.max").write_text("0")
 
 
 def _memory_parents() -> list[tuple[Path, bool]]:
