@@ -204,23 +204,3 @@ def upload(env: LocalBackend, name: str) -> str:
     """Put ``agent_scripts/NAME`` into the workspace as the agent would write it; its path as the agent sees it."""
     write_file(env, name, (AGENT_SCRIPTS / name).read_text())
     return f"{env.task_workspace}/{name}"
-
-
-def ptrace_unrestricted() -> bool:
-    """Whether a process may ptrace a non-descendant of the same user (no Yama restriction): the sandbox-init
-    attacks need it."""
-    try:
-        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() == "0"
-    except OSError:
-        return True
-
-
-def updates_atime(path: Path) -> bool:
-    """Whether the file system of ``path`` records access times (not mounted ``noatime``)."""
-    best, options = "", ""
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields = line.split()
-        point = fields[1]
-        if str(path).startswith(point.rstrip("/") + "/") and len(point) > len(best):
-            best, options = point, fields[3]
-    return "noatime" not in options.split(",")

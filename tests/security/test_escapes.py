@@ -17,7 +17,7 @@ import pytest
 
 from mlgym_registry.backends.local import LocalBackend
 
-from .helpers import SECRET_VARIABLES, open_backend, ptrace_unrestricted, run, status, upload
+from .helpers import SECRET_VARIABLES, open_backend, run, status, upload
 
 pytestmark = pytest.mark.security
 
@@ -116,12 +116,6 @@ def test_writes_outside_the_workspace_never_reach_the_host(env):
         assert not os.path.lexists(Path(folder) / f"{name}.lnk"), folder
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="hole (low severity): the sandbox's root '/' (and so /root, /work, ...) is a writable tmpfs, not read-only "
-    "as designed; writes stay in the sandbox's memory (no host effect), but with no size cap of its own",
-)
 def test_the_sandbox_root_is_read_only(env):
     for folder in ("/", "/root"):
         output, code = status(env, f"touch '{folder}/mlgr-probe'")
@@ -176,15 +170,6 @@ def test_cgroups_cannot_be_changed(env):
         assert env._res.session.shell_pid in cgroup.members()
 
 
-@pytest.mark.xfail(
-    os.geteuid() == 0,
-    strict=True,
-    raises=AssertionError,
-    reason="hole: /proc/sys is writable from the sandbox when the driver runs as root: the agent's uid maps to host "
-    "uid 0, which passes the sysctl permission check (no capability needed), and bwrap leaves /proc/sys read-write; "
-    "the agent can set global kernel settings such as kernel.core_pattern (a pipe to a program of its own: code "
-    "execution as root on the host at the next crash)",
-)
 def test_global_kernel_settings_cannot_be_written(env):
     """Writes back the value each setting already has, so that the host is never changed even when the write works."""
     written = []
@@ -203,22 +188,18 @@ def test_global_kernel_settings_cannot_be_written(env):
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the agent script injects x86-64 machine code")
-@pytest.mark.xfail(
-    ptrace_unrestricted(),
-    strict=True,
-    raises=AssertionError,
-    reason="hole: the agent can ptrace the sandbox's init (pid 1, bwrap's own process) and exec its own program in "
-    "it; the backend counts that pid as the sandbox's wrapper, so it is never stopped (evaluation freeze) nor killed "
-    "(timeouts, process limit) with the agent's processes",
-)
 def test_the_sandbox_init_cannot_be_taken_over(mini_spec):
-    with open_backend(mini_spec, command_timeout=2) as env:
+    """The namespace's first process is the agent's own shell (bwrap runs ``--as-pid-1``): taking it over with
+    ptrace only breaks the agent's own session, which the next timeout replaces, sandbox and all."""
+    with open_backend(mini_spec, command_timeout=2, long_timeout=2) as env:
         wrappers = wrapper_pids(env)
         hijack = upload(env, "hijack_init.py")
-        output, _ = status(env, f"python {hijack} /bin/sleep 987001")
-        run(env, "sleep 30")  # a timeout: every process of the agent's is killed
-        hijacked = [pid for pid in wrappers if psutil.pid_exists(pid) and "987001" in psutil.Process(pid).cmdline()]
-        assert hijacked == [], f"the sandbox's init runs the agent's program after a timeout ({output})"
+        obs = run(env, f"python {hijack} /bin/sleep 987001")
+        assert "EXECUTION TIMED OUT" in obs and "a new shell was started" in obs, obs
+        hijacked = [p.pid for p in psutil.process_iter(["cmdline"]) if "987001" in (p.info["cmdline"] or [])]
+        assert hijacked == [], "the agent's program outlived the session it took over"
+        assert not any(psutil.pid_exists(pid) for pid in wrappers), "the old sandbox is still there"
+        assert run(env, "echo usable") == "usable"
 
 
 def test_another_env_is_invisible_and_untouchable(env, mini_spec):
@@ -276,16 +257,18 @@ def test_close_leaves_no_process_behind(mini_spec, hijack_init):
     try:
         run(env, f"setsid nohup sleep {tag}1 >/dev/null 2>&1 & ( ( sleep {tag}2 & ) & ) ; "
                  f"nohup python -c 'import os, time; os.setsid(); time.sleep({tag}3)' >/dev/null 2>&1 &")
-        if hijack_init:
+        if hijack_init:  # the taken-over shell times out: the session is replaced, and nothing of it may remain
+            env.long_timeout = env.command_timeout = 2
             hijack = upload(env, "hijack_init.py")
             run(env, f"python {hijack} /bin/sleep {tag}4")
+            run(env, f"sleep {tag}5 &")
         time.sleep(0.5)
         shell = env._res.session.shell_pid
         seen = wrapper_pids(env) | {shell} | {p.pid for p in psutil.Process(shell).children(recursive=True)}
         if env._res.cgroup is not None:
             seen |= env._res.cgroup.members()
         tagged = {p.pid for p in psutil.process_iter(["cmdline"]) if any(tag in a for a in p.info["cmdline"] or [])}
-        assert len(tagged) >= (4 if hijack_init else 3), tagged
+        assert len(tagged) >= (1 if hijack_init else 3), tagged
         seen |= tagged
     finally:
         env.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import platform
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -19,10 +18,8 @@ from .helpers import (
     attacking_strategy,
     mini_prisoners_spec,
     open_backend,
-    ptrace_unrestricted,
     run,
     status,
-    updates_atime,
     upload,
     validate,
     write_file,
@@ -142,16 +139,7 @@ def test_the_package_and_its_task_files_are_out_of_reach(env):
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the agent script injects x86-64 machine code")
-@pytest.mark.xfail(
-    ptrace_unrestricted() and updates_atime(Path(tempfile.gettempdir())),
-    strict=True,
-    raises=AssertionError,
-    reason="hole: the agent can ptrace the sandbox's init (pid 1, bwrap) and exec its own program there; the backend "
-    "treats that pid as the sandbox's wrapper and never stops it, so the freeze of the agent while the workspace is "
-    "copied misses it, and it swaps submission.csv for a link to the host's answer.csv between the copy's listing "
-    "(a regular file) and its open (which follows the link on the host, as root)",
-)
-def test_swapping_in_a_link_while_the_workspace_is_copied(env, answers):
+def test_swapping_in_a_link_while_the_workspace_is_copied(env, answers, monkeypatch):
     hijack = upload(env, "hijack_init.py")
     swapper = upload(env, "swap_on_freeze.py")
     pad = upload(env, "pad_before.py")
@@ -161,7 +149,10 @@ def test_swapping_in_a_link_while_the_workspace_is_copied(env, answers):
         f"ln -s '{answers}' data/swap",
     )
     assert code == 0, output
-    # the attack proper: it may fail (then the answers stay out of reach, as they must)
+    # the attack proper: it may fail (then the answers stay out of reach, as they must). Taking over the sandbox's
+    # first process takes over the agent's own shell, whose command then times out and is replaced with its sandbox
+    monkeypatch.setattr(env, "long_timeout", 3)
+    monkeypatch.setattr(env, "command_timeout", 3)
     run(env, f"python {hijack} \"$(command -v python)\" {swapper} $$ && "
              "for i in $(seq 100); do [ -e .swapper-ready ] && break; sleep 0.05; done")
     for _ in range(4):
@@ -233,14 +224,6 @@ class _Listed:
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="hole: the host-side copy of the workspace (run as the driver's user) follows a link that replaces a "
-    "listed file before the file is opened: any agent process that runs during the copy (the freeze stops pids one "
-    "by one with SIGSTOP: escaped through the sandbox's init, or by processes that SIGCONT each other) makes it read "
-    "any host file into the evaluation, here the hidden answers",
-)
 def test_the_copy_never_reads_outside_the_workspace_even_if_the_agent_runs(env, answers, monkeypatch):
     """What an agent process that escaped the freeze can do at the worst moments, simulated deterministically from the
     host: whenever the driver lists the workspace, submission.csv is the honest file; right after, it is a link to

@@ -114,13 +114,6 @@ def test_memory_backed_folders_are_bounded_by_the_memory_limit(make, folder):
     assert_usable(env)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="hole: without a memory cgroup (memory_limit_mb falls back to RLIMIT_AS per process) the sandbox's "
-    "memory-backed folders are not limited by memory_limit_mb: /tmp, /var/tmp and /home/agent take 512 MB each and "
-    "the root tmpfs '/' has no size cap at all, so an agent can fill the host's memory through files",
-)
 def test_memory_backed_folders_are_bounded_without_a_memory_cgroup(make, monkeypatch):
     monkeypatch.setattr(limits_mod.MemoryCgroup, "create", classmethod(lambda cls, limit_mb: None))
     env = make(memory_limit_mb=256, max_file_mb=10, command_timeout=60)
