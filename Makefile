@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test security lint bench clean
 
 $(STAMP): pyproject.toml plugins/mlgym-registry-example/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: $(STAMP)
 	# pytest exits 5 when it collects no test: report it instead of failing the target on it
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# the red-team suite alone (it also runs in `make test`)
+security: $(STAMP)
+	$(PY) -m pytest -m security tests/security
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench plugins
