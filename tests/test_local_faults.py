@@ -67,7 +67,17 @@ def test_no_output_timeout(tmp_path):
         assert env.communicate("echo after") == "after"
 
 
-@pytest.mark.parametrize("killer", ["kill -9 $$", "exit 3", "exec true"])
+def test_the_shell_cannot_be_killed_from_inside(tmp_path):
+    """The shell is its sandbox's first process: a signal sent from inside the sandbox cannot end it."""
+    with make(tmp_path) as env:
+        old_pid = env._res.session.pid
+        obs, _, done, _ = env.step("echo before; kill -9 $$; echo after")
+        assert obs == "before\nafter" and not done
+        assert env._res.session.pid == old_pid
+        assert_usable(env)
+
+
+@pytest.mark.parametrize("killer", ["exit 3", "exec true"])
 def test_command_that_kills_the_shell(tmp_path, killer):
     with make(tmp_path) as env:
         old_pid = env._res.session.pid

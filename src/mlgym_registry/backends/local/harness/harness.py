@@ -98,10 +98,23 @@ class AgentChannel:
 
     def ask(self, **request):
         """Send one request and return the decoded ``value`` of its answer (or raise ``AgentCodeError``)."""
+        return self.send(**request)()
+
+    def send(self, **request):
+        """Send one request; a function that waits for its answer and returns its decoded ``value``.
+
+        One request at a time: call that function before sending the next.
+        """
         try:
             data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
             self._out.write(struct.pack("!Q", len(data)) + data)
             self._out.flush()
+        except (OSError, ValueError) as exc:
+            raise AgentCodeError(f"the process running the agent's code is gone ({exc})") from None
+        return self._answer
+
+    def _answer(self):
+        try:
             line = self._in.readline(MAX_LINE)
         except (OSError, ValueError) as exc:
             raise AgentCodeError(f"the process running the agent's code is gone ({exc})") from None
@@ -130,9 +143,20 @@ class AgentFunction:
 
     def map(self, calls):
         """``[self(*args) for args in calls]`` in one round trip."""
-        results = self._channel.ask(op="map", module=self._module, name=self.__name__, calls=list(calls))
-        if not isinstance(results, list) or len(results) != len(calls):
-            raise AgentCodeError(f"{self.__name__}.map answered with the wrong number of results")
+        return self.map_later(calls)()
+
+    def map_later(self, calls):
+        """Start ``map(calls)`` in the agent's process; a function that waits for its results. The evaluator may
+        compute meanwhile, but must collect the results before it asks the agent's code anything else."""
+        calls = list(calls)
+        wait = self._channel.send(op="map", module=self._module, name=self.__name__, calls=calls)
+
+        def results():
+            values = wait()
+            if not isinstance(values, list) or len(values) != len(calls):
+                raise AgentCodeError(f"{self.__name__}.map answered with the wrong number of results")
+            return values
+
         return results
 
     def __repr__(self) -> str:

@@ -15,6 +15,8 @@ HERE = Path(__file__).absolute().parent
 # PAYOFF[your_move][partner_move] is your payoff: you score only when the moves match, most on 0
 PAYOFF = ((2, 0), (0, 1))
 MOVES = (0, 1)
+ROUND = tuple(tuple((mine, theirs) for theirs in MOVES) for mine in MOVES)
+"""ROUND[mine][theirs] is the history entry of a round: one shared tuple per outcome, cheap to send"""
 ROUNDS = 10
 GAMES = 10_000
 
@@ -26,13 +28,14 @@ def checked(move, who):
     return int(move)
 
 
-def moves(strategy, histories):
-    """`strategy(history)` for every history. When the evaluation runs sandboxed, `row_strategy` lives in another
-    process and offers `map`, which makes all these calls in one round trip."""
-    many = getattr(strategy, "map", None)
-    if callable(many):
-        return many([(history,) for history in histories])  # each history arrives as a copy anyway
-    return [strategy(list(history)) for history in histories]
+def moves_later(strategy, histories):
+    """A function that returns `strategy(history)` for every history. When the evaluation runs sandboxed,
+    `row_strategy` lives in another process and offers `map_later`: that process computes the moves while this one
+    goes on, and the function collects them."""
+    later = getattr(strategy, "map_later", None)
+    if callable(later):
+        return later([(history,) for history in histories])
+    return lambda: [strategy(list(history)) for history in histories]
 
 
 def play(row, column, games):
@@ -40,10 +43,11 @@ def play(row, column, games):
     histories = [[] for _ in range(games)]
     total = 0
     for _ in range(ROUNDS):
-        row_moves = [checked(move, "row_strategy") for move in moves(row, histories)]
-        column_moves = [checked(move, "target_column_strategy") for move in moves(column, histories)]
+        pending = moves_later(row, histories)
+        column_moves = [checked(move, "target_column_strategy") for move in moves_later(column, histories)()]
+        row_moves = [checked(move, "row_strategy") for move in pending()]
         for history, mine, theirs in zip(histories, row_moves, column_moves, strict=True):
-            history.append((mine, theirs))
+            history.append(ROUND[mine][theirs])
             total += PAYOFF[mine][theirs]
     return total / (ROUNDS * games)
 
