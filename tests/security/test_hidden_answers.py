@@ -177,15 +177,26 @@ SNOOP = textwrap.dedent(
 )
 
 
-def test_agent_code_run_by_the_evaluation_cannot_read_secret_files(tmp_path):
+@pytest.mark.parametrize("where", ["starter file", "inside a dataset folder"])
+def test_agent_code_run_by_the_evaluation_cannot_read_secret_files(tmp_path, where):
     """The evaluation's copy of the workspace with the secrets is the pristine evaluator's only: the agent's code,
-    run in its own process during the evaluation, searches for the secret and plays differently if it finds it."""
+    run in its own process during the evaluation, searches for the secret and plays differently if it finds it.
+    A secret inside a dataset folder (put back whole for evaluations) is left out of the agent's view too."""
     spec = mini_prisoners_spec(tmp_path / "task")
-    (tmp_path / "task" / "answer_key.txt").write_text(SECRET_TOKEN + "\n")
-    spec = spec.replace(starter_code=[*spec.starter_code, "answer_key.txt"], secret_files=["answer_key.txt"])
+    if where == "starter file":
+        (tmp_path / "task" / "answer_key.txt").write_text(SECRET_TOKEN + "\n")
+        spec = spec.replace(starter_code=[*spec.starter_code, "answer_key.txt"], secret_files=["answer_key.txt"])
+        secret = "answer_key.txt"
+    else:
+        (tmp_path / "task" / "keys").mkdir()
+        (tmp_path / "task" / "keys" / "answer_key.txt").write_text(SECRET_TOKEN + "\n")
+        (tmp_path / "task" / "keys" / "public.txt").write_text("nothing to see\n")
+        dataset = {"name": "keys", "description": "keys", "is_local": True, "data_path": "keys"}
+        spec = spec.replace(datasets=[dataset], secret_files=["data/answer_key.txt"])
+        secret = "data/answer_key.txt"
     env = open_backend(spec)
     try:
-        assert not (env.host_workspace / "answer_key.txt").exists()
+        assert not (env.host_workspace / secret).exists()
         write_file(env, "strategy.py", HONEST)
         _, honest = validate(env)
         assert honest is not None

@@ -103,6 +103,8 @@ class Evaluator:
             for relative, source in self.pristine.items():
                 if relative not in self.secrets:
                     _restore(source, agent_view / relative)
+            for relative in self.secrets:  # also where a pristine folder put back above holds one
+                _remove(agent_view / relative)
             _link_tree(agent_view, eval_view)
             for relative, source in self.pristine.items():
                 _restore(source, eval_view / relative)
@@ -340,15 +342,20 @@ def _link_tree(source: Path, target: Path) -> None:
 
 def _restore(source: Path, target: Path) -> None:
     """Put a pristine file or folder at ``target``, replacing (never writing through) what is there."""
-    if target.is_dir() and not target.is_symlink():
-        _force_rmtree(target)
-    elif target.exists() or target.is_symlink():
-        target.unlink()
+    _remove(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     if source.is_dir():
         _link_tree(source, target)
     else:
         shutil.copy2(source, target)
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, link or folder if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        _force_rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
 
 
 def _force_rmtree(path: Path) -> None:
