@@ -24,6 +24,7 @@ from .helpers import (
     assert_clean,
     assert_not_forged,
     attacking_strategy,
+    honest_score,
     open_backend,
     run,
     status,
@@ -44,12 +45,7 @@ def backend(mini_spec):
 @pytest.fixture(scope="module")
 def honest(backend) -> dict:
     """The honest strategy's score with seed 0."""
-    backend.reset()
-    write_file(backend, "strategy.py", HONEST)
-    obs, score = validate(backend)
-    assert score is not None, obs
-    assert set(score) == {"Score"} and 0 < score["Score"] < 5, score
-    return score
+    return honest_score(backend)
 
 
 @pytest.fixture

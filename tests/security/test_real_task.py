@@ -13,6 +13,7 @@ from .helpers import (
     PRINT_FAKE,
     assert_clean,
     attacking_strategy,
+    honest_score,
     open_backend,
     validate,
     write_file,
@@ -31,11 +32,7 @@ def backend():
 
 @pytest.fixture(scope="module")
 def honest(backend) -> dict:
-    backend.reset()
-    write_file(backend, "strategy.py", HONEST)
-    obs, score = validate(backend)
-    assert score is not None and 0 < score["Score"] < 5, obs
-    return score
+    return honest_score(backend)
 
 
 @pytest.fixture
