@@ -12,50 +12,12 @@ import torch
 pytest.importorskip("transformers")
 
 from standin import StandinBackend  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from torchrl.data.llm.history import _CHAT_TEMPLATES  # noqa: E402
 from torchrl.modules.llm import TransformersWrapper  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from mlgym_registry import TaskSpec, registry  # noqa: E402
+from mlgym_registry.tiny_model import tiny_model, tiny_tokenizer  # noqa: E402
 
-SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
 PENALTY = -1.0
-
-
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained in code on a few lines, with ChatML's special tokens."""
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    corpus = ["You are an agent in a shell. Run one command per reply.", "```\nls -a\n```", "validate submit edit"]
-    tok.train_from_iterator(corpus * 20, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>", bos_token="<|im_start|>"
-    )
-    fast.chat_template = _CHAT_TEMPLATES["chatml_format"]
-    return fast
-
-
-def tiny_model(tokenizer) -> LlamaForCausalLM:
-    """A one-layer Llama with random weights."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    return LlamaForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +27,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
+    torch.manual_seed(0)  # the sampled garbage is the same every run
     return tiny_model(tokenizer)
 
 
