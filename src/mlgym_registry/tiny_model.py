@@ -1,9 +1,9 @@
 """A tiny tokenizer and causal language model built in code, with nothing downloaded.
 
-For tests, examples and smoke runs of the training stack on a CPU: the tokenizer is a byte-level BPE trained on a few
-lines (so it encodes any text), with ChatML's special tokens and TorchRL's ``chatml_format`` chat template (whose
-``{% generation %}`` blocks give assistant masks); the model is a one-layer Llama with random weights. It writes
-garbage, quickly.
+For tests, examples and smoke runs of the training stack on a CPU: the tokenizer is a byte-level BPE (so it encodes
+any text), with ChatML's special tokens and TorchRL's ``chatml_format`` chat template (whose ``{% generation %}``
+blocks give assistant masks), trained on the default prompt templates and tool docs so that an env's prompts take few
+tokens; the model is a one-layer Llama with random weights. It writes garbage, quickly.
 
     tokenizer = tiny_tokenizer()
     model = tiny_model(tokenizer)
@@ -22,23 +22,33 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<|im_start|>", "<|im_end|>")
 """Padding, unknown, and ChatML's turn markers (``<|im_end|>`` doubles as end of sequence)."""
 
-_CORPUS = (
+_LINES = (
     "You are an agent in a shell. Run one command per reply.",
     "DISCUSSION\nFirst, look around.\n```\nls -a\n```",
     "open strategy.py\nedit 1:1\nreturn 0\nend_of_edit\nvalidate\nsubmit",
 )
 
 
-def tiny_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer of ``vocab_size`` tokens trained on a few lines, with ChatML's special tokens and
-    TorchRL's ``chatml_format`` chat template."""
+def _corpus() -> list[str]:
+    """A few lines, the default templates and the local backend's tool docs: most of what a prompt holds."""
+    from .backends.local.toolset import render_docs
+    from .components.templates import mlgym_default
+
+    templates = mlgym_default()
+    texts = [templates.system_template, templates.task_template, templates.next_step, templates.next_step_no_output]
+    return [*_LINES, *texts, templates.format_error_template or "", render_docs()]
+
+
+def tiny_tokenizer(vocab_size: int = 1000) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer of at most ``vocab_size`` tokens, with ChatML's special tokens and TorchRL's
+    ``chatml_format`` chat template."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    tok.train_from_iterator(list(_CORPUS) * 20, trainer=trainer)
+    tok.train_from_iterator(_corpus() * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>", bos_token="<|im_start|>"
     )
