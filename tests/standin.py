@@ -3,7 +3,8 @@
     backend = StandinBackend(spec, outputs=["file1  file2", ""], scores=[{"Score": 2.5}, {"Score": 2.6}])
 
 - ``step(action)`` records ``action`` in ``actions`` and answers, in order of precedence:
-  past ``max_steps`` -> autosubmission (``"Exited (max_steps)"``, done); ``submit`` -> ``"Exited (submit)"``, done,
+  past ``max_steps`` -> autosubmission (``"Exited (max_steps)"``, done); ``submit`` -> ``"Exited (submit)"``, done
+  (MLGym's ``exit_*`` actions: an autosubmission),
   ``info["score"]`` gets the next score; ``validate`` -> MLGym's validation text with the baseline and the next score,
   ``info["score"]`` gets it; otherwise the next scripted output (``outputs``: strings, or one callable
   ``outputs(action) -> str``), then ``"ok"`` once the script runs out. Output that prints MLGym's markers
@@ -91,6 +92,8 @@ class StandinBackend:
         command = action.strip()
         if command == "submit":
             return self._evaluate(info, "submit")
+        if command in ("exit_context", "exit_cost", "exit_error", "exit_format", "exit_api"):
+            return self._evaluate(info, command)  # MLGym's special actions autosubmit
         if command == "validate":
             return self._evaluate(info, "validate")
         output = self._next_output(action)

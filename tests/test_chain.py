@@ -56,6 +56,8 @@ def backends():
 
 
 def make(backends, layout="default", **options):
+    """The chain's own unbatched env (tests/test_training_shapes.py covers the batched one ``make`` gives)."""
+    options.setdefault("batch_size", ())
     return registry.make(SPEC, backend="standin_chain", layout=layout, reward_wrong_format=PENALTY, **options)
 
 
@@ -222,7 +224,7 @@ def test_stages_in_design_order(backends):
     env = registry.make(tasks=[SPEC, SPEC.replace(id="second")], backend="standin_chain")
     assert [type(t).__name__ for t in env.transform] == [
         "RetrySkip", "ActionIsolator", "ResetModule", "TaskSampler", "ReadState", "StateToMessage",
-        "MessageToHistory", "ChatTemplate", "RewardAssigner",
+        "MessageToHistory", "ChatTemplate", "RewardAssigner", "GroupKey", "ChatBatch",
     ]
     env.close()
 
@@ -259,7 +261,7 @@ def test_multi_task_sampling_is_seeded_and_swaps_backends(backends):
     resolved = [registry.resolve(s, backend="standin_chain")[0] for s in (SPEC, other)]
 
     def tasks_seen(seed: int) -> list[str]:
-        env = build_env(resolved, multi_task=True)
+        env = build_env(resolved, multi_task=True, batch_size=())
         env.set_seed(seed)
         seen = []
         for _ in range(6):

@@ -44,6 +44,7 @@ def made():
 
 
 def make(layout="default", **options):
+    options.setdefault("batch_size", ())  # the chain's own tensordicts; tests/test_training_shapes.py: batched
     return registry.make(SPEC, backend="standin_reg", layout=layout, **options)
 
 
@@ -96,9 +97,13 @@ def test_03_retry_with_a_history_does_not_crash(made, layout):
     env = make(layout, reward_wrong_format=-1.0)
     keys = LAYOUTS[layout]
     td = env.reset()
-    for _ in range(3):
+    for _ in range(2):
         nxt, td = step(env, td, "no code block at all")
         assert nxt[keys.retry].item() is True
+    # the third in a row is MLGym's exit_format: the backend autosubmits and the episode ends
+    nxt, td = step(env, td, "no code block at all")
+    assert nxt[keys.retry].item() is False and nxt["done"].item() is True
+    assert made[-1].actions[-1] == "exit_format"
     assert td[keys.history].shape == (8,)
     check_env_specs(env)  # random actions: every step is a retry
     env.close()

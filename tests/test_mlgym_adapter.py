@@ -102,7 +102,7 @@ def test_registry_make_drives_the_mlgym_env(mlgym_checkout):
         ("defaults.sh", "source_file"), ("submit", "script"), ("_split_string", "utility")
     ]
     # MLGym's command docs and the task's fields fill the system message
-    history = td["history", "prompt"]
+    history = td["history", "prompt"][0]  # the one env's conversation
     assert STANDIN_COMMAND_DOCS in history.content[0]
     assert SPEC.description in history.content[1]
 

@@ -93,9 +93,10 @@ def test_parallel_env_over_the_factory():
     env = ParallelEnv(2, factories, use_buffers=False, consolidate=False)
     try:
         td = env.reset()
-        td["text", "response"] = ["DISCUSSION\nlook\n```\nls\n```"] * 2
+        assert td.batch_size == (2, 1)  # two workers, each env with ChatEnv's batch size (1,)
+        td["text", "response"] = [["DISCUSSION\nlook\n```\nls\n```"]] * 2
         td = env.step(td)
-        observations = td["next", "observation"]
+        observations = [row[0] for row in td["next", "observation"]]
         assert len(observations) == 2 and all("strategy.py" in text for text in observations)
     finally:
         env.close()

@@ -49,9 +49,11 @@ def standin_backend():
 SPEC = TaskSpec(id="tinyTask", description="Improve the strategy.", baseline_scores=[{"Score": 1.0}], max_steps=20)
 
 
-@pytest.mark.parametrize("input_mode", ["history", "text"])
+@pytest.mark.parametrize("input_mode", ["history", "text", "tokens"])
 def test_rollout_with_transformers_wrapper(tokenizer, model, standin_backend, input_mode):
-    env = registry.make(SPEC, backend="standin_rollout", tokenizer=tokenizer, reward_wrong_format=PENALTY)
+    # max_format_errors=None: garbage never ends the episode here (tests/test_training_shapes.py checks the rule)
+    env = registry.make(SPEC, backend="standin_rollout", tokenizer=tokenizer, reward_wrong_format=PENALTY,
+                        input_mode=input_mode, max_format_errors=None)
     policy = TransformersWrapper(
         model,
         tokenizer=tokenizer,
@@ -63,15 +65,15 @@ def test_rollout_with_transformers_wrapper(tokenizer, model, standin_backend, in
     try:
         steps = 3
         rollout = env.rollout(steps, policy)
-        assert rollout.batch_size == (steps,)
+        assert rollout.batch_size == (1, steps)  # TorchRL's ChatEnv shape: one env, then time
         # garbage in: every step is a retry with the penalty, and the backend never ran anything
         assert rollout["next", "retry"].all()
-        assert torch.equal(rollout["next", "reward"], torch.full((steps, 1), PENALTY))
+        assert torch.equal(rollout["next", "reward"], torch.full((1, steps, 1, 1), PENALTY))
         assert not rollout["next", "done"].any()
         backend = standin_backend[-1]
         assert backend.actions == []
         # the conversation goes on: assistant turn + format-error message each step
-        last = rollout[-1]["next", "history", "prompt"]
+        last = rollout[0, -1]["next", "history", "prompt"]
         assert last.shape[0] == 2 + 2 * steps
         assert last.role[-2:] == ["assistant", "user"]
         assert "could not be used" in last.content[-1]
@@ -81,7 +83,7 @@ def test_rollout_with_transformers_wrapper(tokenizer, model, standin_backend, in
             tokenize=False,
             add_generation_prompt=True,
         )
-        assert rollout[-1]["next", "text", "prompt"] == expected
+        assert rollout[0, -1]["next", "text", "prompt"] == expected
     finally:
         env.close()
     assert backend.closed

@@ -18,6 +18,7 @@ from .errors import (
     InvalidTaskError,
     MLGymRegistryError,
     PluginLoadError,
+    PolicyOutputError,
     TaskFilesMissing,
     UnknownNameError,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "InvalidTaskError",
     "MLGymRegistryError",
     "PluginLoadError",
+    "PolicyOutputError",
     "Registry",
     "ResolvedTask",
     "TaskFilesMissing",

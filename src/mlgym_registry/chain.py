@@ -1,7 +1,9 @@
 """Builds the TorchRL transform chain ``registry.make`` returns (DESIGN.md section 5) from resolved components.
 
 In order: retry skip, action isolator, reset module, task sampler (``tasks=[...]`` only), read state, state to
-message, message to history, chat template, reward assigner, over a ``BackendEnv`` that steps the backend.
+message, message to history, chat template, reward assigner, over a ``BackendEnv`` that steps the backend. The
+default layout adds the group key (``query``), the prompt's tokens (``input_mode="tokens"``) and, last, the batch
+stage that gives the env TorchRL ``ChatEnv``'s batch shape ``(1,)``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,22 @@ from typing import Any
 
 from .specs import ResolvedTask
 
-CHAIN_OPTIONS = ("tokenizer", "chat_template_name", "reward_wrong_format", "device", "layout")
+MAX_FORMAT_ERRORS = 3
+"""Consecutive responses without a usable command after which the episode ends with ``exit_format`` (MLGym's rule)."""
+
+INPUT_MODES = ("history", "text", "tokens")
+
+CHAIN_OPTIONS = (
+    "tokenizer",
+    "chat_template_name",
+    "reward_wrong_format",
+    "device",
+    "layout",
+    "batch_size",
+    "input_mode",
+    "max_format_errors",
+    "max_turns",
+)
 """The keyword options ``build_env`` (and so ``registry.make``) takes for the chain itself."""
 
 
@@ -24,6 +41,10 @@ def build_env(
     reward_wrong_format: float | None = None,
     device: Any = None,
     layout: Any = "default",
+    batch_size: Any = None,
+    input_mode: str = "history",
+    max_format_errors: int | None = MAX_FORMAT_ERRORS,
+    max_turns: int | None = None,
 ):
     """The TorchRL env of ``resolved`` tasks: a ``TransformedEnv`` over a ``BackendEnv``.
 
@@ -35,7 +56,16 @@ def build_env(
             over the tokenizer's template. With neither, ``"chatml_format"``.
         reward_wrong_format: reward added on a step whose response held no usable action (None: no penalty).
         device: the env's device.
-        layout: ``"default"`` (TorchRL's LLM keys) or ``"seed"`` (the reference's flat keys).
+        layout: ``"default"`` (TorchRL's LLM keys) or ``"seed"`` (the reference's flat keys and shapes).
+        batch_size: the env's batch size: ``(1,)`` by default in the default layout (TorchRL's ``ChatEnv``), any
+            shape of one element, or ``()`` for the chain's own unbatched tensordicts (the seed layout's only shape).
+        input_mode: ``"history"``, ``"text"`` or ``"tokens"``, as ``ChatEnv`` names them: what the policy reads.
+            Every mode writes ``("history", "prompt")`` and ``("text", "prompt")``; ``"tokens"`` adds
+            ``("tokens", "prompt")`` and needs ``tokenizer``.
+        max_format_errors: format errors in a row after which the episode ends with MLGym's ``exit_format``
+            (None: never).
+        max_turns: the most turns of an episode, format errors included; the last one ends it as truncated
+            (None: one more than ``max_format_errors`` lets the episode take).
     """
     import tensordict
     from torchrl.envs import Compose, TransformedEnv
@@ -43,7 +73,9 @@ def build_env(
     from .transforms import (
         ActionIsolator,
         BackendEnv,
+        ChatBatch,
         ChatTemplate,
+        GroupKey,
         MessageToHistory,
         ReadState,
         ResetModule,
@@ -51,6 +83,7 @@ def build_env(
         RewardAssigner,
         StateToMessage,
         TaskSampler,
+        TokensPrompt,
     )
     from .transforms.layout import get_layout
 
@@ -61,7 +94,16 @@ def build_env(
     # TorchRL's History refuses to exist otherwise; its LLM wrappers set the same flag.
     tensordict.set_list_to_stack(True).set()
     keys = get_layout(layout)
-    base = BackendEnv(resolved, keys, device=device)
+    if input_mode not in INPUT_MODES:
+        raise ValueError(f"unknown input_mode {input_mode!r}; choose one of {', '.join(INPUT_MODES)}")
+    if keys.query is None and (input_mode == "tokens" or batch_size not in (None, ())):
+        raise ValueError(
+            f"the {keys.name!r} layout keeps the reference's unbatched, text-only env; batch_size and "
+            "input_mode='tokens' need layout='default'"
+        )
+    if batch_size is None:
+        batch_size = () if keys.query is None else (1,)
+    base = BackendEnv(resolved, keys, device=device, max_format_errors=max_format_errors, max_turns=max_turns)
     stages = [
         RetrySkip(keys),
         ActionIsolator(keys, reward_wrong_format=reward_wrong_format),
@@ -69,11 +111,13 @@ def build_env(
     ]
     if multi_task:
         stages.append(TaskSampler(keys, list(base.tasks)))
-    stages += [
-        ReadState(keys),
-        StateToMessage(keys),
-        MessageToHistory(keys),
-        ChatTemplate(keys, tokenizer=tokenizer, chat_template_name=chat_template_name),
-        RewardAssigner(keys),
-    ]
+    chat_template = ChatTemplate(keys, tokenizer=tokenizer, chat_template_name=chat_template_name)
+    stages += [ReadState(keys), StateToMessage(keys), MessageToHistory(keys), chat_template]
+    if input_mode == "tokens":
+        stages.append(TokensPrompt(keys, chat_template.tokenizer))
+    stages.append(RewardAssigner(keys))
+    if keys.query is not None:
+        stages.append(GroupKey(keys))
+    if tuple(batch_size) != ():
+        stages.append(ChatBatch(keys, batch_size))
     return TransformedEnv(base, Compose(*stages))

@@ -4,9 +4,13 @@ Each turn the policy gets the conversation from the env's ``History``, its respo
 and the step's observation, reward and the backend's ``info`` come back. Every turn is recorded (through an optional
 ``TrajectoryWriter``, saved as it goes) and reported to an optional callback, so a caller can show it live.
 
-Like MLGym's agent, three format errors in a row end the episode with the ``exit_format`` action (the backend then
-autosubmits). A turn whose response held no command is recorded as a step with an empty action and the parser's
-message as its observation, so every response the policy gave appears in the ``.traj``.
+The env itself ends every episode: like MLGym's agent, it turns the third format error in a row into the
+``exit_format`` action (the backend then autosubmits), and it caps the turns. A turn whose response held no command is
+recorded as a step with an empty action and the parser's message as its observation, so every response the policy
+gave appears in the ``.traj``; the turn that ended the episode on a format error is recorded as MLGym records it, with
+the action ``exit_format``.
+
+The loop reads the chain's own unbatched tensordicts: build the env with ``registry.make(..., batch_size=())``.
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import FormatError
-from .policies.base import Policy, PolicyExhausted, fenced
+from .policies.base import Policy, PolicyExhausted
 from .specs import TaskSpec
 from .trajectories import Step, TrajectoryWriter
 from .validation import check_option
 
-MAX_FORMAT_ERRORS = 3
-"""Consecutive responses without a command after which the episode ends with ``exit_format`` (as in MLGym)."""
+EXIT_FORMAT_THOUGHT = "Exit due to format error"
+"""The thought MLGym's agent records on the step that ends an episode after repeated format errors."""
 
 
 @dataclass
@@ -135,10 +139,13 @@ def text_at(td: Any, key: Any) -> str:
 
 
 def parse_turn(parser: Callable[[str], tuple[str, str]], response: str, after: Any, observation_key: Any):
-    """``(thought, action, observation, format_error)`` of a stepped turn; a format error's message is shown."""
+    """``(thought, action, observation, format_error)`` of a stepped turn; a format error's message is shown, unless
+    the env ended the episode on it (``exit_format``): then the backend's observation is."""
     try:
         thought, action = parser(response)
     except FormatError as exc:
+        if bool(after.get("done").any()):
+            return EXIT_FORMAT_THOUGHT, "exit_format", text_at(after, observation_key), True
         return response, "", str(exc), True
     return thought, action, text_at(after, observation_key), False
 
@@ -155,9 +162,9 @@ def run_episode(
 ) -> EpisodeResult:
     """Play one episode of ``env`` with ``policy`` and return its turns and score.
 
-    ``writer`` records the episode as it goes; ``on_turn`` is called after every turn. The env is reset here but not
-    closed: the caller owns it. A ``seed`` that is not an integer >= 0 raises ``InvalidOptionError`` before the env
-    is touched.
+    ``writer`` records the episode as it goes; ``on_turn`` is called after every turn; ``max_turns`` stops the loop
+    earlier than the env's own cap. The env is reset here but not closed: the caller owns it. A ``seed`` that is not
+    an integer >= 0 raises ``InvalidOptionError`` before the env is touched.
     """
     check_option("seed", seed)
     base, layout = env_parts(env)
@@ -172,8 +179,7 @@ def run_episode(
             (writer.system if message["role"] == "system" else writer.user)(message["content"])
     policy.reset(spec)
     result = EpisodeResult(spec)
-    format_errors = 0
-    max_turns = max_turns or (MAX_FORMAT_ERRORS + 1) * (base.backend.max_steps + 1)
+    max_turns = max_turns or base.max_turns
     while len(result.turns) < max_turns:
         state = text_at(td, layout.state)
         try:
@@ -181,15 +187,12 @@ def run_episode(
         except PolicyExhausted as exc:
             result.stop_reason = str(exc)
             break
-        if format_errors >= MAX_FORMAT_ERRORS:
-            response = fenced("Exit due to format error", "exit_format")
         started = time.monotonic()
         td.set(layout.response, response)
         td = env.step(td)
         elapsed = time.monotonic() - started
         after = td["next"]
         thought, action, observation, format_error = parse_turn(parser, response, after, layout.observation)
-        format_errors = format_errors + 1 if format_error else 0
         info = base.last_info
         if info is not None:
             result.info = dict(info)
@@ -216,6 +219,8 @@ def run_episode(
             on_turn(turn)
         if turn.done:
             result.finished = True
+            if base.stop_reason is not None:
+                result.stop_reason = f"the env ended the episode ({base.stop_reason}: {base.max_turns} turns)"
             break
         # the next root is the step's output, minus what belongs to the transition (step_mdp cannot carry the
         # growing History: its lazy stacks differ in length from step to step)

@@ -91,3 +91,7 @@ class FormatError(MLGymRegistryError, ValueError):
 
 class BackendUnavailable(MLGymRegistryError, RuntimeError):
     """A backend that cannot run on this machine; the message says what is missing and how to get it."""
+
+
+class PolicyOutputError(MLGymRegistryError, ValueError):
+    """A step's input is not what the env's input mode reads (wrong key, type or batch size); says what it expects."""

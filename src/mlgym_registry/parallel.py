@@ -54,7 +54,8 @@ class RecordInfo(Transform):
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
         for key, example in ((INFO_KEY, "{}"), (WORKER_KEY, "0")):
-            observation_spec[key] = NonTensor(example_data=example, shape=(), device=observation_spec.device)
+            observation_spec[key] = NonTensor(example_data=example, shape=observation_spec.shape,
+                                              device=observation_spec.device)
         return observation_spec
 
 
@@ -226,7 +227,9 @@ def run_parallel(
     from .registry import registry
 
     spec = registry.spec(spec)
-    factories = [EnvFactory(spec.to_dict(), dict(options or {}), index=index) for index in range(num_envs)]
+    # the receiver reads the chain's own unbatched frames
+    options = {"batch_size": (), **(options or {})}
+    factories = [EnvFactory(spec.to_dict(), dict(options), index=index) for index in range(num_envs)]
     module = TextPolicy(policy, task_id=spec.id)
     receiver = _Receiver(spec, registry.component(spec, "parser"), module, out, episodes_per_env)
     # the text policy has no weights to send; TorchRL's default shared-memory scheme for nn.Module policies can also

@@ -138,6 +138,15 @@ class Registry:
         self._loader: PluginLoader | None = None
         self._lock = threading.RLock()
 
+    # -- pickling ------------------------------------------------------------------------------------------------
+    def __reduce__(self) -> Any:
+        # ``functools.partial(registry.make, ...)`` and lambdas over it travel to worker processes (TorchRL's
+        # ParallelEnv, collectors): the process-wide registry goes as a reference to the worker's own, which loads
+        # the plugins from the entry points; another registry goes with its registrations, its plugins reloaded
+        if self is registry:
+            return (_process_registry, ())
+        return (_registry_from_state, (self._load_plugins, self._entries))
+
     # -- loading -------------------------------------------------------------------------------------------------
     def _ensure_loaded(self) -> None:
         if self._loader is not None:
@@ -341,7 +350,8 @@ class Registry:
 
         Overrides replace what the spec names (``backend=``, ``parser=``, ``template=``, ``reward=``, ``isolator=``,
         ``max_steps=``), configure the chain (``tokenizer=``, ``chat_template_name=``, ``reward_wrong_format=``,
-        ``device=``, ``layout=``) or go to the backend (its factory's keyword arguments, or ``backend_options={...}``).
+        ``device=``, ``layout=``, ``batch_size=``, ``input_mode=``, ``max_format_errors=``, ``max_turns=``; see
+        ``chain.build_env``) or go to the backend (its factory's keyword arguments, or ``backend_options={...}``).
         Unknown keys raise ``InvalidOverrideError`` (``UnknownOptionError`` for a backend option the backend does
         not take); a value of the wrong type or out of range raises ``InvalidOptionError`` (a ``ValueError``) naming
         the option and its valid range (see ``validation.OPTION_RULES``). Both are raised before anything is built.
@@ -407,6 +417,19 @@ def backend_option_names(factory: Any) -> set[str] | None:
             continue  # the spec
         names.add(param.name)
     return names
+
+
+def _process_registry() -> Registry:
+    return registry
+
+
+def _registry_from_state(load_plugins: bool, entries: dict[str, dict[str, Entry]]) -> Registry:
+    copy_ = Registry(load_plugins=load_plugins)
+    copy_._ensure_loaded()
+    for kind, named in entries.items():
+        for name, entry in named.items():
+            copy_._entries[kind].setdefault(name, entry)
+    return copy_
 
 
 registry = Registry()

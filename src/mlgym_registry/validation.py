@@ -83,6 +83,15 @@ def instance_of(description: str, *types: type, optional: bool = False) -> Rule:
     return Rule(description, lambda value: isinstance(value, types), optional)
 
 
+def is_batch_size(value: Any) -> bool:
+    """True for ``()`` or a shape (a tuple, list or ``torch.Size`` of 1s; an int 1) with exactly one element."""
+    if is_integer(value):
+        return value == 1
+    if not isinstance(value, (tuple, list)):
+        return False
+    return all(is_integer(dim) and dim == 1 for dim in value)
+
+
 TEXT = instance_of("a string", str)
 BOOLEAN = instance_of("a bool (True or False)", bool)
 
@@ -106,6 +115,14 @@ OPTION_RULES: dict[str, Rule] = {
     # the chain
     "chat_template_name": instance_of("a string", str, optional=True),
     "reward_wrong_format": Rule("a number", is_number, optional=True),
+    "input_mode": Rule("'history', 'text' or 'tokens'", lambda value: value in ("history", "text", "tokens")),
+    "max_format_errors": integer_at_least(1, optional=True),
+    "max_turns": integer_at_least(1, optional=True),
+    "batch_size": Rule(
+        "a shape of one element ((1,), the default; (1, 1), ...) or () for the chain's unbatched tensordicts",
+        lambda value: is_batch_size(value),
+        optional=True,
+    ),
     # component names
     **{kind: TEXT for kind in ("backend", "parser", "template", "reward", "isolator")},
 }

@@ -188,7 +188,7 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
     writer = TrajectoryWriter(out, spec.id.replace("/", "_"), baseline=spec.baseline,
                               environment=f"mlgym_registry:{spec.backend}")
     policy = ReplayPolicy(recorded)
-    env = registry.make(spec)
+    env = registry.make(spec, batch_size=())
     try:
         with terminate_as_exit():
             result = run_episode(env, policy, spec=spec, writer=writer, seed=seed,

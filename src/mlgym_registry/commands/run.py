@@ -132,7 +132,7 @@ def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = N
         stream.write(f"task {spec.id} on backend {spec.backend!r}, up to {spec.max_steps} steps, policy "
                      f"{printable(args.policy)}; recording to {writer.traj_path}\n")
         stream.flush()
-    env = registry.make(spec)
+    env = registry.make(spec, batch_size=())
     try:
         on_turn = None if args.quiet else Transcript(stream)
         with terminate_as_exit():

@@ -5,7 +5,9 @@
 
 from .action_isolator import ActionIsolator
 from .backend_env import BackendEnv
+from .chat_batch import ChatBatch
 from .chat_template import ChatTemplate
+from .group_key import GroupKey
 from .layout import LAYOUTS, Layout
 from .message_to_history import MessageToHistory
 from .read_state import ReadState
@@ -14,12 +16,15 @@ from .retry_skip import RetrySkip
 from .reward_assigner import RewardAssigner
 from .state_to_message import StateToMessage
 from .task_sampler import TaskSampler
+from .tokens import TokensPrompt
 
 __all__ = [
     "LAYOUTS",
     "ActionIsolator",
     "BackendEnv",
+    "ChatBatch",
     "ChatTemplate",
+    "GroupKey",
     "Layout",
     "MessageToHistory",
     "ReadState",
@@ -28,4 +33,5 @@ __all__ = [
     "RewardAssigner",
     "StateToMessage",
     "TaskSampler",
+    "TokensPrompt",
 ]

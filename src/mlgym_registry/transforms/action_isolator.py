@@ -2,7 +2,9 @@
 
 The isolator component parses the response and guards multi-line ``edit``/``insert`` bodies with their heredoc the
 way MLGym's agent does (reference bug #8). A ``FormatError`` sets ``retry`` (the backend is not stepped), keeps the
-error text for the format-error message and adds the ``reward_wrong_format`` penalty on that same step.
+error text for the format-error message and adds the ``reward_wrong_format`` penalty on that same step. The
+``max_format_errors``-th format error in a row is not retried: as MLGym's agent does, the step sends the backend
+``exit_format``, which ends the episode with an autosubmission (the penalty still applies).
 
 Whatever the isolator, the response it reads and the action it returns are valid text: a lone surrogate a tokenizer
 produced (``"\\ud800"``) cannot be encoded for the shell, so it is replaced before it reaches the backend.
@@ -14,8 +16,11 @@ from tensordict import TensorDictBase
 
 from ..components.isolators import replace_lone_surrogates
 from ..errors import FormatError
-from .base import ASSISTANT_KEY, FORMAT_ERROR_KEY, ChainTransform, is_retry
+from .base import ASSISTANT_KEY, FORMAT_ERROR_KEY, ChainTransform, text_of
 from .layout import Layout
+
+EXIT_FORMAT = "exit_format"
+"""MLGym's special action that ends an episode after too many format errors (the backend autosubmits)."""
 
 
 class ActionIsolator(ChainTransform):
@@ -32,20 +37,27 @@ class ActionIsolator(ChainTransform):
             response = tensordict.get(self.layout.response, None)
         if response is None:
             raise KeyError(f"the step input has no model response at {self.layout.response!r}")
-        response = response if isinstance(response, str) else str(getattr(response, "data", response))
-        task = self.base.task
+        response = text_of(response)
+        base = self.base
+        task = base.task
         try:
             action = task.isolator(replace_lone_surrogates(response), task.parser)
         except FormatError as exc:
-            tensordict.set(self.layout.retry, True)
+            base.format_errors += 1
             tensordict.set(FORMAT_ERROR_KEY, str(exc))
+            if base.max_format_errors is not None and base.format_errors >= base.max_format_errors:
+                tensordict.set(self.layout.retry, False)
+                tensordict.set(self.layout.action, EXIT_FORMAT)
+            else:
+                tensordict.set(self.layout.retry, True)
             return tensordict
+        base.format_errors = 0
         tensordict.set(self.layout.retry, False)
         tensordict.set(self.layout.action, replace_lone_surrogates(action) if isinstance(action, str) else action)
         return tensordict
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        if self.reward_wrong_format is not None and is_retry(tensordict, self.layout):
+        if self.reward_wrong_format is not None and tensordict.get(FORMAT_ERROR_KEY, None) is not None:
             reward = next_tensordict.get(self.layout.reward)
             next_tensordict.set(self.layout.reward, reward + float(self.reward_wrong_format))
         return next_tensordict

@@ -14,6 +14,7 @@ from torchrl.data import Categorical, Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase
 
 from ..backends.protocol import Backend, ToolSet, new_info
+from ..chain import MAX_FORMAT_ERRORS
 from ..specs import ResolvedTask
 from .layout import Layout, set_spec
 
@@ -49,6 +50,9 @@ class BackendEnv(EnvBase):
       backend is not stepped at all (retry skip, stage 1 of the chain) and the observation stays empty.
     - ``last_info`` is the ``info`` of the last backend step (None after a reset or a skipped step), so the reward
       stage reads the score of that very step.
+    - Every episode ends: the action isolator turns the ``max_format_errors``-th format error in a row into MLGym's
+      ``exit_format`` action (the backend autosubmits), and the ``max_turns``-th turn, format errors included,
+      ends the episode as truncated (``stop_reason`` says so) when nothing else has.
 
     The backend is made on the first reset and closed by ``close()`` and when the env is garbage-collected.
     """
@@ -61,6 +65,8 @@ class BackendEnv(EnvBase):
         layout: Layout,
         *,
         device: torch.device | str | None = None,
+        max_format_errors: int | None = MAX_FORMAT_ERRORS,
+        max_turns: int | None = None,
     ):
         if not tasks:
             raise ValueError("BackendEnv needs at least one resolved task")
@@ -76,6 +82,14 @@ class BackendEnv(EnvBase):
         self.fields: dict[str, Any] | None = None
         self.last_info: dict[str, Any] | None = None
         self.task_rng = np.random.default_rng()
+        self.max_format_errors = max_format_errors
+        self._max_turns = max_turns
+        self.format_errors = 0
+        """Format errors in a row so far (the action isolator counts them)."""
+        self.turns = 0
+        """Turns of the current episode so far, format errors included."""
+        self.stop_reason: str | None = None
+        """Why the env (not the backend) ended the episode: ``"max_turns"``, else None."""
         self._seed: int | None = None
         self._backend_holder: list = []
         self._finalizer = weakref.finalize(self, _close_quietly, self._backend_holder)
@@ -92,7 +106,9 @@ class BackendEnv(EnvBase):
         set_spec(observation_spec, self.layout.observation, text.clone())
         self.full_observation_spec = observation_spec
         self.full_reward_spec = Composite(
-            {self.layout.reward: Unbounded(shape=(1,), dtype=torch.float32, device=device)}, shape=(), device=device
+            {self.layout.reward: Unbounded(shape=self.layout.reward_shape, dtype=torch.float32, device=device)},
+            shape=(),
+            device=device,
         )
         flag = Categorical(2, shape=(1,), dtype=torch.bool, device=device)
         self.full_done_spec = Composite(
@@ -118,6 +134,15 @@ class BackendEnv(EnvBase):
         return self._backend_holder[0]
 
     @property
+    def max_turns(self) -> int:
+        """The cap on an episode's turns: the ``max_turns`` option, else one more than the most turns the episode
+        can take when every backend step follows the most format errors the env lets pass."""
+        if self._max_turns is not None:
+            return self._max_turns
+        per_step = self.max_format_errors or MAX_FORMAT_ERRORS + 1
+        return per_step * (self.task.spec.max_steps + 1) + 1
+
+    @property
     def has_backend(self) -> bool:
         """True once a backend has been made (and not closed)."""
         return bool(self._backend_holder)
@@ -138,6 +163,9 @@ class BackendEnv(EnvBase):
         seed, self._seed = self._seed, None
         self.backend.reset(seed=seed)
         self.last_info = None
+        self.format_errors = 0
+        self.turns = 0
+        self.stop_reason = None
         out = TensorDict(batch_size=(), device=self.device)
         out.set(self.layout.observation, "")
         return out
@@ -156,9 +184,13 @@ class BackendEnv(EnvBase):
             self.last_info = dict(info) if info is not None else new_info()
             observation = "" if observation is None else str(observation)
         out.set(self.layout.observation, observation)
-        out.set(self.layout.reward, torch.tensor([float(reward or 0.0)], dtype=torch.float32, device=self.device))
+        out.set(self.layout.reward, torch.full(self.layout.reward_shape, float(reward or 0.0), device=self.device))
         # running out of steps (MLGym autosubmits) is a truncation; any other end (submit, exit_*) terminates
         truncated = bool(done) and (self.last_info or {}).get("exit_status") == MAX_STEPS_EXIT
+        self.turns += 1
+        if not done and self.turns >= self.max_turns:
+            done = truncated = True
+            self.stop_reason = "max_turns"
         out.set("done", torch.tensor([bool(done)], device=self.device))
         out.set("terminated", torch.tensor([bool(done) and not truncated], device=self.device))
         out.set("truncated", torch.tensor([truncated], device=self.device))

@@ -43,6 +43,13 @@ def format_template(template: str, fields: dict[str, Any], *, what: str) -> str:
         ) from None
 
 
+def text_of(value: Any, default: str = "") -> str:
+    """The string in a tensordict entry (a ``str`` or TorchRL's ``NonTensorData`` around one); ``default`` for None."""
+    if value is None:
+        return default
+    return value if isinstance(value, str) else str(getattr(value, "data", value))
+
+
 def is_retry(tensordict: TensorDictBase, layout: Layout) -> bool:
     """True when the step held in ``tensordict`` (time t) was flagged as a retry by the isolator."""
     value = tensordict.get(layout.retry, None)

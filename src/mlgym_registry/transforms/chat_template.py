@@ -13,7 +13,7 @@ from typing import Any
 from tensordict import LazyStackedTensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor
 
-from .base import ASSISTANT_KEY, ChainTransform
+from .base import ASSISTANT_KEY, ChainTransform, text_of
 from .history import as_dicts
 from .layout import Layout, set_entry, set_spec
 from .rendering import ChatRenderer, IncrementalPrompt
@@ -60,7 +60,7 @@ class ChatTemplate(ChainTransform):
         response = tensordict.get(self.layout.response, None)
         if response is None:
             raise KeyError(f"the step input has no model response at {self.layout.response!r}")
-        response = response if isinstance(response, str) else str(getattr(response, "data", response))
+        response = text_of(response)
         tensordict.set(ASSISTANT_KEY, self.renderer.assistant_content(response))
         return tensordict
 

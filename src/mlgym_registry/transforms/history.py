@@ -54,6 +54,14 @@ class MessageStack(LazyStackedTensorDict):
             return super()._clone(recurse=True)
         return self._share(list(self.tensordicts), self._message_keys)
 
+    def _apply_nest(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+        # an in-place apply on a tensordict holding a History (``consolidate(inplace=True)``, which TorchRL's
+        # ParallelEnv workers run on every step by default) hands the History itself as ``out``; the lazy stack
+        # wants its own tensordict there
+        if out is not None and not isinstance(out, LazyStackedTensorDict):
+            out = getattr(out, "_tensordict", out)
+        return super()._apply_nest(*args, out=out, **kwargs)
+
     def extended(self, messages: list[TensorDict]) -> MessageStack:
         """A new stack: these messages followed by ``messages`` (shared, not copied)."""
         keys = set(self._key_list())
@@ -65,8 +73,8 @@ class MessageStack(LazyStackedTensorDict):
         new = type(self).__new__(type(self))
         new._is_locked = None
         new.tensordicts = messages
-        new.stack_dim = self.stack_dim
-        new._batch_size = torch.Size([len(messages), *self._batch_size[1:]])
+        new.stack_dim = dim = self.stack_dim
+        new._batch_size = torch.Size([*self._batch_size[:dim], len(messages), *self._batch_size[dim + 1:]])
         new.hook_out = self.hook_out
         new.hook_in = self.hook_in
         new._message_keys = keys
@@ -75,9 +83,10 @@ class MessageStack(LazyStackedTensorDict):
         return new
 
 
-def history_from(messages: list[TensorDict]) -> History:
-    """A ``History`` of shape ``(len(messages),)`` over already-built message tensordicts (shared, not copied)."""
-    stacked = MessageStack._new_lazy_unsafe(*messages, stack_dim=0)
+def history_from(messages: list[TensorDict], stack_dim: int = 0) -> History:
+    """A ``History`` over already-built message tensordicts (shared, not copied), stacked along ``stack_dim``: shape
+    ``(len(messages),)`` for scalar messages, ``(1, len(messages))`` for messages of shape ``(1,)`` stacked on 1."""
+    stacked = MessageStack._new_lazy_unsafe(*messages, stack_dim=stack_dim)
     stacked._message_keys = tuple(LazyStackedTensorDict._key_list(stacked))
     return History._from_tensordict(stacked)
 
@@ -85,15 +94,21 @@ def history_from(messages: list[TensorDict]) -> History:
 def extend_history(history: History, messages: list[TensorDict]) -> History:
     """``history`` followed by ``messages``; costs the same however long ``history`` is when it was built here."""
     stacked = history._tensordict
-    if isinstance(stacked, MessageStack) and stacked.stack_dim == 0:
+    dim = history.ndim - 1
+    if isinstance(stacked, MessageStack) and stacked.stack_dim == dim:
         return History._from_tensordict(stacked.extended(messages))
-    if isinstance(stacked, LazyStackedTensorDict) and stacked.stack_dim == 0:
-        return history_from(list(stacked.tensordicts) + list(messages))
-    return history_from(list(stacked.unbind(0)) + list(messages))
+    if isinstance(stacked, LazyStackedTensorDict) and stacked.stack_dim == dim:
+        return history_from(list(stacked.tensordicts) + list(messages), dim)
+    return history_from(list(stacked.unbind(dim)) + list(messages), dim)
 
 
 def as_dicts(history: Any) -> list[dict[str, str]]:
-    """The ``{"role", "content"}`` dicts of a one-conversation ``History`` (as chat templates take them)."""
+    """The ``{"role", "content"}`` dicts of a one-conversation ``History`` (as chat templates take them); a batched
+    one of a single conversation (shape ``(1, n)``, as the env gives it) counts as one."""
+    if getattr(history, "ndim", 1) > 1:
+        if history.batch_size[:-1].numel() != 1:
+            raise ValueError(f"a History of shape {tuple(history.batch_size)} holds several conversations, not one")
+        history = history[(0,) * (history.ndim - 1)]
     roles = history.role
     contents = history.content
     if isinstance(roles, str):

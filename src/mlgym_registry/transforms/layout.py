@@ -2,7 +2,8 @@
 
 ``default`` speaks TorchRL's LLM conventions (``("history", "prompt")``, ``("text", "prompt")``,
 ``("text", "response")``) so TorchRL's policy wrappers plug in directly; ``seed`` gives the flat keys of TorchRL's
-reference MLGym chain (``history``, ``text``, ``text_response``, ...).
+reference MLGym chain (``history``, ``text``, ``text_response``, ...). ``query`` (the GRPO group key), the
+``tokens`` entries and the reward's shape exist in the default layout only, as in TorchRL's ``ChatEnv``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ class Layout:
     observation: NestedKey = "observation"
     task: NestedKey = "task"
     reward: NestedKey = "reward"
+    query: NestedKey | None = None
+    tokens_prompt: NestedKey | None = None
+    tokens_response: NestedKey | None = None
+    attention_mask: NestedKey | None = None
+    reward_shape: tuple[int, ...] = (1,)
 
 
 LAYOUTS: dict[str, Layout] = {
@@ -37,6 +43,12 @@ LAYOUTS: dict[str, Layout] = {
         prompt=("text", "prompt"),
         response=("text", "response"),
         action="action",
+        query="query",
+        tokens_prompt=("tokens", "prompt"),
+        tokens_response=("tokens", "response"),
+        attention_mask=("masks", "all_attention_mask"),
+        # TorchRL's LLM reward transforms write rewards of shape batch + (1, 1)
+        reward_shape=(1, 1),
     ),
     "seed": Layout(
         name="seed",
@@ -59,10 +71,10 @@ def get_layout(layout: str | Layout) -> Layout:
 
 
 def _container_class(name: str) -> type | None:
-    """TorchRL's container class for a top-level LLM key (``history`` -> ``ChatHistory``, ``text`` -> ``Text``)."""
-    from torchrl.modules.llm.policies.common import ChatHistory, Text
+    """TorchRL's container class for a top-level LLM key (``history`` -> ``ChatHistory``, ...)."""
+    from torchrl.modules.llm.policies.common import ChatHistory, Masks, Text, Tokens
 
-    return {"history": ChatHistory, "text": Text}.get(name)
+    return {"history": ChatHistory, "text": Text, "tokens": Tokens, "masks": Masks}.get(name)
 
 
 def set_entry(tensordict: Any, key: NestedKey, value: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from tensordict import TensorDictBase
 from torchrl.data import Composite, NonTensor
 
-from .base import ChainTransform, is_retry
+from .base import ChainTransform, is_retry, text_of
 from .layout import Layout
 
 STATE_KEYS = ("open_file", "working_dir")
@@ -98,7 +98,7 @@ class ReadState(ChainTransform):
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         previous = tensordict.get(self.layout.state, None)
         if previous is not None and not isinstance(previous, str):
-            previous = str(getattr(previous, "data", previous))
+            previous = text_of(previous)
         done = bool(next_tensordict.get("done").any())
         if previous is not None and (done or is_retry(tensordict, self.layout)):
             state = previous

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tensordict import TensorDictBase
 
-from .base import ChainTransform, is_retry
+from .base import ChainTransform, is_retry, text_of
 
 
 class RewardAssigner(ChainTransform):
@@ -22,7 +22,7 @@ class RewardAssigner(ChainTransform):
         if info is None:
             return next_tensordict
         observation = next_tensordict.get(self.layout.observation, None)
-        observation = observation if isinstance(observation, str) else str(getattr(observation, "data", ""))
+        observation = text_of(observation)
         task = base.task
         value = float(task.reward(observation, info, task.spec))
         reward = next_tensordict.get(self.layout.reward)

@@ -15,18 +15,12 @@ from tensordict import TensorDictBase
 from torchrl.data import Composite, NonTensor
 
 from ..components.templates import format_error_message
-from .base import FORMAT_ERROR_KEY, ChainTransform, format_template, is_retry
+from .base import FORMAT_ERROR_KEY, ChainTransform, format_template, is_retry, text_of
 
 
 class _KeepUnknown(dict):
     def __missing__(self, key: str) -> str:
         return "{" + key + "}"
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else str(getattr(value, "data", value))
 
 
 class StateToMessage(ChainTransform):
@@ -49,7 +43,7 @@ class StateToMessage(ChainTransform):
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         templates = self.templates
-        fields = self._fields(_text(tensordict_reset.get(self.layout.state)), "")
+        fields = self._fields(text_of(tensordict_reset.get(self.layout.state)), "")
         parts = [format_template(templates.task_template, fields, what="task_template")]
         if templates.strategy_template:
             parts.append(format_template(templates.strategy_template, fields, what="strategy_template"))
@@ -58,10 +52,10 @@ class StateToMessage(ChainTransform):
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         if is_retry(tensordict, self.layout):
-            message = self._format_error(_text(tensordict.get(FORMAT_ERROR_KEY, None)))
+            message = self._format_error(text_of(tensordict.get(FORMAT_ERROR_KEY, None)))
         else:
-            observation = _text(next_tensordict.get(self.layout.observation, None))
-            fields = self._fields(_text(next_tensordict.get(self.layout.state)), observation)
+            observation = text_of(next_tensordict.get(self.layout.observation, None))
+            fields = self._fields(text_of(next_tensordict.get(self.layout.state)), observation)
             templates = self.templates
             if observation.strip():
                 message = format_template(templates.next_step, fields, what="next_step_template")

@@ -1,0 +1,165 @@
+"""The last stage: the chain's one-episode tensordicts get TorchRL ``ChatEnv``'s batch shape, ``(1,)`` by default.
+
+Every stage below works on one episode with batch size ``()``. This stage gives its outputs the env's batch shape
+(any shape with one element: ``(1,)``, ``(1, 1)``, ...) and turns a step's input back into one episode's values, so
+TorchRL's LLM wrappers, collectors and losses see the shapes they expect (a ``History`` of shape ``(1, n)``, rewards
+of shape ``batch + (1, 1)``, done flags of shape ``batch + (1,)``).
+
+The conversation is never converted as a whole: each message gets its batched twin once, the batched ``History``
+grows by sharing them, and a step's input ``History`` that is the one this stage wrote maps back to the episode's
+own ``History`` in constant time. A step from any other tensordict (an older one, one built by hand) is converted
+message by message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+from torchrl.data import Composite
+from torchrl.data.llm import History
+
+from ..errors import PolicyOutputError
+from .base import ChainTransform
+from .history import MessageStack, history_from
+from .layout import Layout, set_entry
+
+
+def check_batch_size(batch_size: Any) -> torch.Size:
+    """``batch_size`` as a ``torch.Size`` with at least one dimension and exactly one element."""
+    size = torch.Size([batch_size] if isinstance(batch_size, int) else batch_size)
+    if len(size) == 0 or size.numel() != 1:
+        raise ValueError(
+            f"batch_size={tuple(size)} is not supported: an env built by registry.make runs one episode, so its "
+            "batch_size has one element ((1,), the default, or (1, 1), ...); use batch_size=() for the chain's own "
+            "unbatched tensordicts, and TorchRL's ParallelEnv, AsyncEnvPool or a multi-worker collector to run "
+            "several episodes at once"
+        )
+    return size
+
+
+def _scalar(value: Any, index: tuple[int, ...]) -> Any:
+    """One episode's value out of a batched entry (a string, a tensor, a ``History``, ...)."""
+    if isinstance(value, NonTensorData):
+        return value.data
+    if isinstance(value, NonTensorStack):
+        items = value.tolist()
+        while isinstance(items, list) and len(items) == 1:
+            items = items[0]
+        return items
+    if isinstance(value, (str, bytes)) or value is None:
+        return value
+    return value[index]
+
+
+class ChatBatch(ChainTransform):
+    """Gives the chain's outputs ``batch_size`` (one element) and its step inputs back the chain's own shape."""
+
+    def __init__(self, layout: Layout, batch_size: Any = (1,)):
+        super().__init__(layout)
+        self.batch_size = check_batch_size(batch_size)
+        self.index = (0,) * len(self.batch_size)
+        self._episode_messages: list[TensorDict] = []
+        self._batched_messages: list[TensorDict] = []
+        self._last_batched: TensorDictBase | None = None
+        self._last_history: History | None = None
+
+    # -- shapes --------------------------------------------------------------------------------------------------
+    def transform_env_batch_size(self, batch_size: torch.Size) -> torch.Size:
+        return self.batch_size
+
+    def transform_output_spec(self, output_spec: Composite) -> Composite:
+        return output_spec.expand(self.batch_size)
+
+    def transform_input_spec(self, input_spec: Composite) -> Composite:
+        return input_spec.expand(self.batch_size)
+
+    # -- outputs: one episode -> batched -------------------------------------------------------------------------
+    def _batched_history(self, history: History) -> History:
+        """``history`` with the batch dims in front, sharing the batched twin of every message seen before."""
+        stack = history._tensordict
+        messages = list(stack.tensordicts) if isinstance(stack, MessageStack) else list(stack.unbind(0))
+        known = len(self._episode_messages)
+        if not (known and len(messages) >= known and messages[known - 1] is self._episode_messages[-1]):
+            self._episode_messages, self._batched_messages, known = [], [], 0
+        fresh = [message.expand(self.batch_size) for message in messages[known:]]
+        self._episode_messages = messages
+        self._batched_messages = self._batched_messages + fresh
+        return history_from(self._batched_messages, stack_dim=len(self.batch_size))
+
+    def _batched(self, source: TensorDictBase) -> TensorDictBase:
+        out = TensorDict(batch_size=self.batch_size, device=source.device)
+        self._copy_batched(source, out, ())
+        return out
+
+    def _copy_batched(self, source: TensorDictBase, out: TensorDictBase, prefix: tuple[str, ...]) -> None:
+        for key in source.keys():
+            value = source.get(key)
+            target = (*prefix, key)
+            if isinstance(value, History):
+                value = self._batched_history(value)
+                self._last_history = source.get(key)
+            elif isinstance(value, NonTensorData):
+                value = value.data
+            elif isinstance(value, torch.Tensor):
+                value = value.expand(*self.batch_size, *value.shape)
+            elif isinstance(value, TensorDictBase) or hasattr(value, "_tensordict"):
+                self._copy_batched(value if isinstance(value, TensorDictBase) else value._tensordict, out, target)
+                continue
+            set_entry(out, target if len(target) > 1 else key, value)
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        self._episode_messages, self._batched_messages = [], []
+        out = self._batched(tensordict_reset)
+        self._last_batched = out
+        return out
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        return self._batched(next_tensordict)
+
+    # -- inputs: batched -> one episode --------------------------------------------------------------------------
+    def _reset_env_preprocess(self, tensordict: TensorDictBase | None) -> TensorDictBase | None:
+        # a collector's reset input (``_reset`` flags of the batch shape) means nothing to one episode
+        return None
+
+    def _episode_history(self, history: Any) -> History:
+        stack = history._tensordict
+        messages = getattr(stack, "tensordicts", None)
+        if (
+            self._last_history is not None
+            and messages is not None
+            and len(messages) == len(self._batched_messages)
+            and messages
+            and messages[-1] is self._batched_messages[-1]
+        ):
+            return self._last_history
+        return History._from_tensordict(stack[self.index])
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if tuple(tensordict.batch_size) != tuple(self.batch_size):
+            raise PolicyOutputError(
+                f"the step input has batch size {tuple(tensordict.batch_size)}, but this env's is "
+                f"{tuple(self.batch_size)}; give env.step a tensordict shaped like env.reset()'s output (one "
+                "response per env; several envs run in a ParallelEnv or AsyncEnvPool)"
+            )
+        episode = TensorDict(batch_size=(), device=tensordict.device)
+        for key in self._carried_keys():
+            value = tensordict.get(key, None)
+            if value is None:
+                continue
+            if key == self.layout.history:
+                value = self._episode_history(value)
+            else:
+                value = _scalar(value, self.index)
+            if value is not None:
+                set_entry(episode, key, value)
+        return episode
+
+    def _carried_keys(self) -> list[Any]:
+        """What the stages below read from a step's input: the observation they wrote, and the policy's output."""
+        layout = self.layout
+        keys = [layout.history, layout.prompt, layout.state, layout.retry, layout.task, layout.response]
+        if layout.tokens_response is not None:
+            keys.append(layout.tokens_response)
+        return keys

@@ -1,0 +1,112 @@
+"""Tokens mode: the prompt as the tokenizer's token ids, grown turn by turn; a response given as tokens is decoded.
+
+The prompt of turn t+1 is the full sequence of turn t (its prompt tokens, then the response tokens exactly as the
+policy generated them) followed by the tokens of the text the chat template added after the response (end of turn,
+the next user message, the generation prompt). So what the model is trained on is what it saw and produced, and
+each turn tokenizes only what is new. When the rendered prompt does not continue the response (the model wrote
+past its end-of-turn marker, which the conversation drops) the new text is tokenized after the previous prompt,
+and when the conversation was rendered anew the whole prompt is tokenized; ``retokenized`` counts those turns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.data import Composite, Unbounded
+
+from ..errors import PolicyOutputError
+from .base import ChainTransform, text_of
+from .layout import Layout, set_entry, set_spec
+
+
+class TokensPrompt(ChainTransform):
+    """Writes ``("tokens", "prompt")`` and its ``("masks", "all_attention_mask")``; in the inverse pass, decodes
+    ``("tokens", "response")`` when no text came."""
+
+    def __init__(self, layout: Layout, tokenizer: Any):
+        if layout.tokens_prompt is None or layout.tokens_response is None:
+            raise ValueError(f"the {layout.name!r} layout has no tokens keys; input_mode='tokens' needs 'default'")
+        if tokenizer is None:
+            raise ValueError(
+                "input_mode='tokens' needs a tokenizer: registry.make(..., input_mode='tokens', tokenizer=tok) with "
+                "a tokenizer object or the folder of a saved one"
+            )
+        super().__init__(layout, in_keys_inv=[layout.tokens_response], out_keys_inv=[layout.response])
+        self.tokenizer = tokenizer
+        self.retokenized = 0
+        self._text = ""
+        self._tokens = torch.empty(0, dtype=torch.long)
+        self._response_text: str | None = None
+        self._response_tokens: torch.Tensor | None = None
+
+    def _encode(self, text: str) -> torch.Tensor:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return torch.as_tensor(ids, dtype=torch.long)
+
+    def _remember(self, text: str, tokens: torch.Tensor, out: TensorDictBase) -> TensorDictBase:
+        self._text, self._tokens = text, tokens
+        set_entry(out, self.layout.tokens_prompt, tokens)
+        # TorchRL's wrappers read the prompt's mask here before making one, so a stale mask of the previous turn
+        # (carried over by step_mdp) must be replaced
+        set_entry(out, self.layout.attention_mask, torch.ones(tokens.shape, dtype=torch.bool))
+        return out
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        text = text_of(tensordict_reset.get(self.layout.prompt))
+        return self._remember(text, self._encode(text), tensordict_reset)
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        self._response_text = self._response_tokens = None
+        tokens = tensordict.get(self.layout.tokens_response, None)
+        text = tensordict.get(self.layout.response, None)
+        if tokens is not None:
+            tokens = self._token_ids(tokens)
+        if text is None and tokens is None:
+            raise PolicyOutputError(
+                f"the step input has no model response: input_mode='tokens' reads the token ids at "
+                f"{self.layout.tokens_response!r} (or the text at {self.layout.response!r}); TorchRL's "
+                "TransformersWrapper/vLLMWrapper with input_mode='tokens' write both"
+            )
+        if text is None:
+            text = self.tokenizer.decode(tokens.tolist(), skip_special_tokens=False)
+            tensordict.set(self.layout.response, text)
+        self._response_text = text_of(text)
+        self._response_tokens = tokens
+        return tensordict
+
+    def _token_ids(self, tokens: Any) -> torch.Tensor:
+        if isinstance(tokens, str) or not isinstance(tokens, torch.Tensor):
+            raise PolicyOutputError(
+                f"{self.layout.tokens_response!r} holds a {type(tokens).__name__}, but input_mode='tokens' expects "
+                "the response's token ids (an integer tensor); write text to "
+                f"{self.layout.response!r} instead, or build the env with input_mode='history' or 'text'"
+            )
+        if tokens.is_floating_point() or tokens.ndim != 1:
+            raise PolicyOutputError(
+                f"{self.layout.tokens_response!r} holds a {tokens.dtype} tensor of shape {tuple(tokens.shape)}; "
+                "input_mode='tokens' expects one 1-D integer tensor of token ids per env"
+            )
+        return tokens.long()
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        text = text_of(next_tensordict.get(self.layout.prompt))
+        if not text.startswith(self._text):
+            self.retokenized += 1
+            return self._remember(text, self._encode(text), next_tensordict)
+        added = text[len(self._text):]
+        response, response_tokens = self._response_text, self._response_tokens
+        if response_tokens is not None and response and added.startswith(response):
+            tokens = torch.cat([self._tokens, response_tokens, self._encode(added[len(response):])])
+        else:
+            if response_tokens is not None:
+                self.retokenized += 1
+            tokens = torch.cat([self._tokens, self._encode(added)])
+        return self._remember(text, tokens, next_tensordict)
+
+    def transform_observation_spec(self, observation_spec: Composite) -> Composite:
+        device = observation_spec.device
+        set_spec(observation_spec, self.layout.tokens_prompt, Unbounded(shape=(-1,), dtype=torch.long, device=device))
+        set_spec(observation_spec, self.layout.attention_mask, Unbounded(shape=(-1,), dtype=torch.bool, device=device))
+        return observation_spec
