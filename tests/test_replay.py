@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -92,27 +95,68 @@ def test_replay_works_on_a_task_registered_from_a_spec(tmp_path):
     assert report.task == "pdCopy" and report.our_exit_status == "submitted" and not report.warnings
 
 
+def expected_cost(path: Path) -> int:
+    """A rough rank of how long replaying a recorded run takes: its evaluations (``validate`` and the final one)
+    dominate, each up to the 5 s cap."""
+    steps = load_traj(path).steps
+    return 10 * (1 + sum((step.action or "").strip() == "validate" for step in steps)) + len(steps)
+
+
+def replay_workers() -> int:
+    """How many recorded runs replay at once: one per core. A replay mostly waits on its evaluations, each a pair of
+    processes that take turns (the evaluator and the agent's code), so about one core each; more at once would slow
+    the evaluations against their 5 s cap and change what the replays see."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@pytest.fixture(scope="module")
+def recorded_replays(request, tmp_path_factory):
+    """Every selected recorded run, replayed in a pool of processes (started on first use, longest runs first);
+    ``{path: (out_folder, future)}``. A run that is not one of our tasks has no future: its test skips as
+    ``default_task`` says."""
+    selected = [item.callspec.params["path"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_every_recorded_mlgym_run_replays_and_is_reported"]
+    pool = ProcessPoolExecutor(max_workers=min(replay_workers(), len(selected) or 1),
+                               mp_context=multiprocessing.get_context("spawn"))
+    runs = {}
+    for path in sorted(selected, key=expected_cost, reverse=True):
+        out = tmp_path_factory.mktemp(f"replay-{path.parent.name}-{path.stem}")
+        try:
+            task, warnings = default_task(path, load_traj(path).environment)
+        except SystemExit:
+            runs[path] = (out, None)
+            continue
+        # replayed edits can land on other lines than in MLGym's starter files and make a strategy that never ends:
+        # a short evaluation timeout keeps such a replay short
+        future = pool.submit(replay, path, task, out, seed=0, warnings=warnings, training_timeout=5)
+        runs[path] = (out, future)
+    yield runs
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.mark.slow
 @pytest.mark.trajectories
 @pytest.mark.skipif(not RECORDED, reason="../shared/mlgym-trajectories is absent")
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_every_recorded_mlgym_run_replays_and_is_reported(path, tmp_path):
+def test_every_recorded_mlgym_run_replays_and_is_reported(path, recorded_replays):
     recorded = load_traj(path)
     try:
-        task, warnings = default_task(path, recorded.environment)
+        default_task(path, recorded.environment)
     except SystemExit as exc:  # one of MLGym's other tasks, and no MLGym checkout here
         pytest.skip(str(exc))
-    # replayed edits can land on other lines than in MLGym's starter files and make a strategy that never ends:
-    # a short evaluation timeout keeps such a replay short
+    out, future = recorded_replays[path]
     try:
-        report = replay(path, task, tmp_path, seed=0, warnings=warnings, training_timeout=5)
+        report = future.result()
     except TaskFilesMissing as exc:  # the checkout lacks data MLGym prepares outside its repository
-        assert "stopped with TaskFilesMissing" in json.loads((tmp_path / "replay-report.json").read_text())["note"]
+        assert "stopped with TaskFilesMissing" in json.loads((out / "replay-report.json").read_text())["note"]
         pytest.skip(str(exc))
-    assert report.completed and (tmp_path / "replay-report.json").is_file()
+    assert report.completed and (out / "replay-report.json").is_file()
     assert report.steps and len(report.steps) <= len(recorded.steps)
     assert all(step.recorded_kind in KINDS and step.our_kind in KINDS + ("format_error",) for step in report.steps)
     # the first command of every recorded run (looking around) gives the same kind of observation here
     assert report.steps[0].same_kind
-    [ours] = tmp_path.glob("*.traj")  # named after the task id, as MLGym names its own
+    [ours] = out.glob("*.traj")  # named after the task id, as MLGym names its own
     assert load_traj(ours).steps
