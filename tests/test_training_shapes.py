@@ -193,7 +193,8 @@ def test_tokens_mode_prompts_continue_the_sampled_sequence(made, tokenizer):
     env.close()
     tokens, following = rollout["tokens"], rollout["next", "tokens"]
     # (in tokens mode TorchRL's wrapper replaces the step's ("text", ...) with its own, which has no prompt text)
-    prompts = [tokenizer.decode(tokens[0, 0].prompt.tolist())] + [rollout["next", "text"][0, t].prompt for t in range(4)]
+    prompts = [tokenizer.decode(tokens[0, 0].prompt.tolist())]
+    prompts += [rollout["next", "text"][0, t].prompt for t in range(4)]
     assert tokens[0, 0].prompt.tolist() == tokenizer(prompts[0], add_special_tokens=False)["input_ids"]
     for turn in range(4):
         full, next_prompt = tokens[0, turn].full, following[0, turn].prompt
@@ -218,7 +219,7 @@ def test_tokens_mode_needs_a_tokenizer_and_token_ids(made, tokenizer):
     td = env.reset()
     ids = torch.tensor([tokenizer(COMMAND, add_special_tokens=False)["input_ids"]])
     td["tokens", "response"] = ids  # token ids only: the env decodes them
-    nxt, _ = env.step(td)["next"], None
+    assert "could not be used" not in env.step(td)["next", "message"]
     assert made[-1].actions == ["ls"]
     env.close()
 
