@@ -224,6 +224,18 @@ def test_tokens_mode_needs_a_tokenizer_and_token_ids(made, tokenizer):
     env.close()
 
 
+def test_a_step_without_a_response_or_with_ids_as_text_names_the_key_and_the_fix(made):
+    env = make()
+    env.reset()
+    with pytest.raises(PolicyOutputError, match=r"no model response at \('text', 'response'\).*TransformersWrapper"):
+        env.step(TensorDict(batch_size=(1,)))
+    td = env.reset()
+    td["text", "response"] = torch.tensor([[5, 6, 7]])
+    with pytest.raises(PolicyOutputError, match=r"holds a Tensor.*input_mode='tokens'"):
+        env.step(td)
+    env.close()
+
+
 def test_a_step_of_the_wrong_batch_size_names_the_fix(made):
     env = make()
     env.reset()

@@ -16,7 +16,7 @@ from tensordict import TensorDictBase
 
 from ..components.isolators import replace_lone_surrogates
 from ..errors import FormatError
-from .base import ASSISTANT_KEY, FORMAT_ERROR_KEY, ChainTransform, text_of
+from .base import ASSISTANT_KEY, FORMAT_ERROR_KEY, ChainTransform, missing_response, text_of
 from .layout import Layout
 
 EXIT_FORMAT = "exit_format"
@@ -36,7 +36,7 @@ class ActionIsolator(ChainTransform):
         if response is None:
             response = tensordict.get(self.layout.response, None)
         if response is None:
-            raise KeyError(f"the step input has no model response at {self.layout.response!r}")
+            raise missing_response(self.layout)
         response = text_of(response)
         base = self.base
         task = base.task

@@ -43,6 +43,18 @@ def format_template(template: str, fields: dict[str, Any], *, what: str) -> str:
         ) from None
 
 
+def missing_response(layout: Layout) -> Exception:
+    """The error of a step whose input holds no model response: where the env reads it, and what writes it there."""
+    from ..errors import PolicyOutputError
+
+    return PolicyOutputError(
+        f"the step input has no model response at {layout.response!r}: write the response text there (TorchRL's "
+        "TransformersWrapper and vLLMWrapper do, in every input mode; with input_mode='tokens' the token ids at "
+        f"{layout.tokens_response!r} do too)" if layout.tokens_response is not None else
+        f"the step input has no model response at {layout.response!r}: write the response text there"
+    )
+
+
 def text_of(value: Any, default: str = "") -> str:
     """The string in a tensordict entry (a ``str`` or TorchRL's ``NonTensorData`` around one); ``default`` for None."""
     if value is None:

@@ -13,7 +13,8 @@ from typing import Any
 from tensordict import LazyStackedTensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor
 
-from .base import ASSISTANT_KEY, ChainTransform, text_of
+from ..errors import PolicyOutputError
+from .base import ASSISTANT_KEY, ChainTransform, missing_response, text_of
 from .history import as_dicts
 from .layout import Layout, set_entry, set_spec
 from .rendering import ChatRenderer, IncrementalPrompt
@@ -59,7 +60,12 @@ class ChatTemplate(ChainTransform):
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
         response = tensordict.get(self.layout.response, None)
         if response is None:
-            raise KeyError(f"the step input has no model response at {self.layout.response!r}")
+            raise missing_response(self.layout)
+        if not isinstance(response, str) and not isinstance(getattr(response, "data", None), str):
+            raise PolicyOutputError(
+                f"{self.layout.response!r} holds a {type(response).__name__}, but the env reads the response text "
+                "there (one string per env); token ids go to ('tokens', 'response') with input_mode='tokens'"
+            )
         response = text_of(response)
         tensordict.set(ASSISTANT_KEY, self.renderer.assistant_content(response))
         return tensordict
