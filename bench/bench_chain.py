@@ -39,7 +39,7 @@ def timed_step(env, td, layout) -> tuple[tuple[float, float], object]:
 
 def advance(env, td, layout, messages: int):
     """Step (untimed) until the history holds at least ``messages`` messages."""
-    while td[layout.history].shape[0] < messages:
+    while td[layout.history].shape[-1] < messages:
         _, td = timed_step(env, td, layout)
     return td
 
@@ -55,7 +55,7 @@ def compare(make_env, *, short: int, long: int, steps: int) -> tuple[list[tuple]
     td_short = advance(short_env, short_env.reset(), layout, short)
     short_ms, long_ms = [], []
     for _ in range(steps):
-        if td_short[layout.history].shape[0] > short + 6:
+        if td_short[layout.history].shape[-1] > short + 6:
             td_short = advance(short_env, short_env.reset(), layout, short)
         elapsed, td_short = timed_step(short_env, td_short, layout)
         short_ms.append(elapsed)

@@ -22,7 +22,7 @@ from torchrl.data.llm import History
 
 from ..errors import PolicyOutputError
 from .base import ChainTransform
-from .history import MessageStack, history_from
+from .history import MessageStack, extend_history, history_from
 from .layout import Layout, set_entry
 
 
@@ -61,8 +61,7 @@ class ChatBatch(ChainTransform):
         self.batch_size = check_batch_size(batch_size)
         self.index = (0,) * len(self.batch_size)
         self._episode_messages: list[TensorDict] = []
-        self._batched_messages: list[TensorDict] = []
-        self._last_batched: TensorDictBase | None = None
+        self._history_out: History | None = None
         self._last_history: History | None = None
 
     # -- shapes --------------------------------------------------------------------------------------------------
@@ -76,17 +75,25 @@ class ChatBatch(ChainTransform):
         return input_spec.expand(self.batch_size)
 
     # -- outputs: one episode -> batched -------------------------------------------------------------------------
+    def _batched_message(self, message: TensorDict) -> TensorDict:
+        for _ in self.batch_size:  # unsqueeze costs half of expand, and the batch dims are all 1
+            message = message.unsqueeze(0)
+        return message
+
     def _batched_history(self, history: History) -> History:
         """``history`` with the batch dims in front, sharing the batched twin of every message seen before."""
         stack = history._tensordict
         messages = list(stack.tensordicts) if isinstance(stack, MessageStack) else list(stack.unbind(0))
         known = len(self._episode_messages)
-        if not (known and len(messages) >= known and messages[known - 1] is self._episode_messages[-1]):
-            self._episode_messages, self._batched_messages, known = [], [], 0
-        fresh = [message.expand(self.batch_size) for message in messages[known:]]
+        if self._history_out is not None and known and len(messages) >= known \
+                and messages[known - 1] is self._episode_messages[-1]:
+            fresh = [self._batched_message(message) for message in messages[known:]]
+            batched = extend_history(self._history_out, fresh) if fresh else self._history_out
+        else:  # another conversation than the one batched last: start over
+            batched = history_from([self._batched_message(m) for m in messages], stack_dim=len(self.batch_size))
         self._episode_messages = messages
-        self._batched_messages = self._batched_messages + fresh
-        return history_from(self._batched_messages, stack_dim=len(self.batch_size))
+        self._history_out = batched
+        return batched
 
     def _batched(self, source: TensorDictBase) -> TensorDictBase:
         out = TensorDict(batch_size=self.batch_size, device=source.device)
@@ -110,10 +117,8 @@ class ChatBatch(ChainTransform):
             set_entry(out, target if len(target) > 1 else key, value)
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        self._episode_messages, self._batched_messages = [], []
-        out = self._batched(tensordict_reset)
-        self._last_batched = out
-        return out
+        self._episode_messages, self._history_out = [], None
+        return self._batched(tensordict_reset)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         return self._batched(next_tensordict)
@@ -124,17 +129,12 @@ class ChatBatch(ChainTransform):
         return None
 
     def _episode_history(self, history: Any) -> History:
-        stack = history._tensordict
-        messages = getattr(stack, "tensordicts", None)
-        if (
-            self._last_history is not None
-            and messages is not None
-            and len(messages) == len(self._batched_messages)
-            and messages
-            and messages[-1] is self._batched_messages[-1]
-        ):
+        messages = getattr(history._tensordict, "tensordicts", None)
+        ours = self._history_out._tensordict.tensordicts if self._history_out is not None else None
+        if messages and ours and self._last_history is not None and len(messages) == len(ours) \
+                and messages[-1] is ours[-1]:
             return self._last_history
-        return History._from_tensordict(stack[self.index])
+        return History._from_tensordict(history._tensordict[self.index])
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
         if tuple(tensordict.batch_size) != tuple(self.batch_size):
