@@ -1,0 +1,43 @@
+"""The benchmarks run: ``bench/bench_training.py --quick`` measures every ratio and prints it with its target.
+
+No timing threshold here: the ratios depend on the machine and its load; the bench prints whether each target is met.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_training.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_training", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_training_bench_quick_prints_every_ratio(capsys):
+    ratios = load_bench().main(["--quick"])
+    out = capsys.readouterr().out
+
+    assert set(ratios) >= {"vs_chat_20", "vs_chat_60", "flat_ours", "flat_ours-text", "tokens_vs_history",
+                           "pool_vs_one"}
+    assert all(math.isfinite(value) and value > 0 for value in ratios.values())
+    # measure 1: ours against ChatEnv at both lengths, and the long/short ratio, each with its target
+    assert re.search(r"ratio ours/ChatEnv per turn at ~20 messages: [\d.]+ .*target <= 1\.5: (met|NOT met)", out)
+    assert re.search(r"ratio ours/ChatEnv per turn at ~60 messages: [\d.]+ .*target <= 1\.5: (met|NOT met)", out)
+    assert re.search(r"ratio 60/20 messages per turn, ours: [\d.]+ .*target <= 1\.3: (met|NOT met)", out)
+    # measure 2: tokens mode over history mode
+    assert re.search(r"ratio tokens/history per turn: [\d.]+ .*target <= 1\.2: (met|NOT met)", out)
+    # measure 3: a threading AsyncEnvPool of 8 real envs over one env
+    assert re.search(r"ratio pool of 8 / one env, steps/s, TorchRL's default: [\d.]+ .*target >= 3: (met|NOT met)", out)
+    assert "done in" in out
