@@ -66,6 +66,8 @@ STANDIN = "bench_training_standin"
 """The name the stand-in backend is registered under for the duration of the run."""
 TASK = "prisonersDilemma"
 """The real task of measure 3."""
+RESET_ATTEMPTS = 10
+"""Pools built per setting of measure 3 before giving up (their resets fail now and then; see ``measure_pool``)."""
 QUICK = ["--turns", "3", "--long", "60", "--pool-steps", "4", "--tokens-turns", "6"]
 """``--quick``: the same measures, shorter (seconds, not minutes); a smoke run, not figures to quote."""
 
@@ -393,14 +395,14 @@ def measure_pool(num_envs: int, steps: int) -> float:
     def make_pool(stack: str, size: int) -> tuple[AsyncEnvPool, TensorDictBase]:
         # the local backend is built at an env's first reset, which the pool runs in its threads; now and then one
         # of them fails (a race between sweep_orphans and a new workspace's owner lock): reported, then retried
-        for _ in range(3):
+        for _ in range(RESET_ATTEMPTS):
             pool = AsyncEnvPool([factory] * size, backend="threading", stack=stack)
             try:
                 return pool, pool.reset()
             except Exception as error:  # noqa: BLE001 - reported below
                 reset_errors.append(f"{type(error).__name__}: {error}")
                 pool.close()
-        raise RuntimeError(f"AsyncEnvPool.reset() failed 3 times: {reset_errors[-1]}")
+        raise RuntimeError(f"AsyncEnvPool.reset() failed {RESET_ATTEMPTS} times: {reset_errors[-1]}")
 
     single = factory()
     pools: dict[tuple[str, int], AsyncEnvPool] = {}
