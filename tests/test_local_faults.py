@@ -321,3 +321,28 @@ def test_sigkilled_owner_leaves_nothing_once_the_next_backend_starts(tmp_path):
     assert not os.path.exists(facts["root"])
     if has_cgroup:  # the dead owner's background processes are found through its cgroup
         assert not psutil.pid_exists(facts["sleep"]) or psutil.Process(facts["sleep"]).status() == "zombie"
+
+
+def test_a_sweep_while_another_backend_takes_its_owner_lock_spares_it(tmp_path, monkeypatch):
+    """Envs starting together (a thread pool's resets) sweep each other's folders: the owner file may only appear
+    already locked. A sweep is forced into the moment between creating the lock file and locking it."""
+    import fcntl
+
+    from mlgym_registry.backends.local import backend as backend_module
+
+    real_flock = fcntl.flock
+    swept = []
+
+    def flock_after_a_sweep(fd, operation):
+        if operation == fcntl.LOCK_EX:  # the owner's own blocking lock, not a sweep's try
+            swept.append(True)
+            backend_module.sweep_orphans(tmp_path)  # another env starting right now
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_a_sweep)
+    env = LocalBackend(tiny_spec(tmp_path / "spec"), workspace_dir=str(tmp_path))
+    try:
+        env.reset()
+        assert swept and env.step("echo ok")[0] == "ok"
+    finally:
+        env.close()

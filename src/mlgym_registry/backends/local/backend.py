@@ -166,10 +166,16 @@ def sweep_orphans(parent: Path) -> None:
 
 
 def _hold_owner_lock(root: Path) -> int:
-    """Write ``owner.pid`` and lock it for this process's lifetime (see ``sweep_orphans``)."""
-    fd = os.open(root / OWNER_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Write ``owner.pid`` and lock it for this process's lifetime (see ``sweep_orphans``).
+
+    The file is locked under another name and then renamed: a sweep (another env starting, in this process or
+    another) that found ``owner.pid`` between its creation and its lock would take it for an orphan's.
+    """
+    pending = root / f".{OWNER_FILE}.pending"
+    fd = os.open(pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.write(fd, str(os.getpid()).encode())
+    os.rename(pending, root / OWNER_FILE)
     return fd
 
 
