@@ -66,8 +66,6 @@ STANDIN = "bench_training_standin"
 """The name the stand-in backend is registered under for the duration of the run."""
 TASK = "prisonersDilemma"
 """The real task of measure 3."""
-RESET_ATTEMPTS = 10
-"""Pools built per setting of measure 3 before giving up (their resets fail now and then; see ``measure_pool``)."""
 QUICK = ["--turns", "3", "--long", "60", "--pool-steps", "4", "--tokens-turns", "6"]
 """``--quick``: the same measures, shorter (seconds, not minutes); a smoke run, not figures to quote."""
 
@@ -390,19 +388,9 @@ def measure_pool(num_envs: int, steps: int) -> float:
     settings = [(stack, size) for stack in ("dense", "lazy") for size in sorted({1, num_envs})]
     headline = ("dense", num_envs)
 
-    reset_errors: list[str] = []
-
     def make_pool(stack: str, size: int) -> tuple[AsyncEnvPool, TensorDictBase]:
-        # the local backend is built at an env's first reset, which the pool runs in its threads; now and then one
-        # of them fails (a race between sweep_orphans and a new workspace's owner lock): reported, then retried
-        for _ in range(RESET_ATTEMPTS):
-            pool = AsyncEnvPool([factory] * size, backend="threading", stack=stack)
-            try:
-                return pool, pool.reset()
-            except Exception as error:  # noqa: BLE001 - reported below
-                reset_errors.append(f"{type(error).__name__}: {error}")
-                pool.close()
-        raise RuntimeError(f"AsyncEnvPool.reset() failed {RESET_ATTEMPTS} times: {reset_errors[-1]}")
+        pool = AsyncEnvPool([factory] * size, backend="threading", stack=stack)
+        return pool, pool.reset()
 
     single = factory()
     pools: dict[tuple[str, int], AsyncEnvPool] = {}
@@ -460,8 +448,6 @@ def measure_pool(num_envs: int, steps: int) -> float:
     rates = {setting: steps * setting[1] / wall[setting] for setting in settings}
     print(f"3. AsyncEnvPool(backend='threading'), real local backend ({TASK}), `echo hi` every turn; {steps} "
           "interleaved rounds, wall time")
-    for error in reset_errors:
-        print(f"   AsyncEnvPool.reset() failed, retried with a new pool: {error}")
     if sync_error is not None:
         print(f"   AsyncEnvPool.step_and_maybe_reset() fails with this env: {sync_error}")
         print("   (TorchRL's ChatEnv too: the sync step sets env_index of shape (N,) on a batch of (N, 1)); measured "
