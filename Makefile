@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/mlgym-registry run prisonersDilemma --policy scripted --seed 0 --out runs/demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench plugins
+	$(VENV)/bin/ruff check src tests bench plugins examples
 	# pytest exits 5 when it collects no test: report it instead of failing the target on it
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
@@ -30,7 +30,7 @@ security: $(STAMP)
 	$(PY) -m pytest -m security tests/security
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench plugins
+	$(VENV)/bin/ruff check src tests bench plugins examples
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
