@@ -19,7 +19,8 @@ Register it for ``registry.make`` with ``registry.register("backend", "standin",
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -156,6 +157,24 @@ class StandinBackend:
         info["submission"] = self.submission
         info["exit_status"] = "submitted" if action == "submit" else f"autosubmission ({action})"
         return f"Exited ({action})", 0.0, True, info
+
+
+@contextmanager
+def registered_standin(name: str) -> Iterator[list[StandinBackend]]:
+    """Register a stand-in backend factory as ``name`` for the block; yields every backend it made, in order."""
+    from mlgym_registry import registry
+
+    made: list[StandinBackend] = []
+
+    def factory(spec: Any, **options: Any) -> StandinBackend:
+        made.append(StandinBackend(spec, **options))
+        return made[-1]
+
+    registry.register("backend", name, factory)
+    try:
+        yield made
+    finally:
+        registry.unregister("backend", name)
 
 
 # -- a stand-in MLGym checkout ------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 import torch
-from standin import StandinBackend
+from standin import registered_standin
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModuleBase
 from torchrl.envs.utils import check_env_specs
@@ -26,17 +26,8 @@ COMMAND = "DISCUSSION\nLook around.\n```\nls\n```"
 
 @pytest.fixture
 def made():
-    backends: list[StandinBackend] = []
-
-    def factory(spec, **options):
-        backends.append(StandinBackend(spec, **options))
-        return backends[-1]
-
-    registry.register("backend", "standin_shapes", factory)
-    try:
+    with registered_standin("standin_shapes") as backends:
         yield backends
-    finally:
-        registry.unregister("backend", "standin_shapes")
 
 
 def make(task=SPEC, **options):

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from standin import StandinBackend  # noqa: E402
+from standin import registered_standin  # noqa: E402
 from torchrl.modules.llm import TransformersWrapper  # noqa: E402
 
 from mlgym_registry import TaskSpec, registry  # noqa: E402
@@ -33,17 +33,8 @@ def model(tokenizer):
 
 @pytest.fixture
 def standin_backend():
-    backends: list[StandinBackend] = []
-
-    def factory(spec, **options):
-        backends.append(StandinBackend(spec, **options))
-        return backends[-1]
-
-    registry.register("backend", "standin_rollout", factory)
-    try:
+    with registered_standin("standin_rollout") as backends:
         yield backends
-    finally:
-        registry.unregister("backend", "standin_rollout")
 
 
 SPEC = TaskSpec(id="tinyTask", description="Improve the strategy.", baseline_scores=[{"Score": 1.0}], max_steps=20)
