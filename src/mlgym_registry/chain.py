@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from .specs import ResolvedTask
+from .validation import check_option
 
 MAX_FORMAT_ERRORS = 3
 """Consecutive responses without a usable command after which the episode ends with ``exit_format`` (MLGym's rule)."""
-
-INPUT_MODES = ("history", "text", "tokens")
 
 CHAIN_OPTIONS = (
     "tokenizer",
@@ -94,8 +93,9 @@ def build_env(
     # TorchRL's History refuses to exist otherwise; its LLM wrappers set the same flag.
     tensordict.set_list_to_stack(True).set()
     keys = get_layout(layout)
-    if input_mode not in INPUT_MODES:
-        raise ValueError(f"unknown input_mode {input_mode!r}; choose one of {', '.join(INPUT_MODES)}")
+    for name, value in (("batch_size", batch_size), ("input_mode", input_mode),
+                        ("max_format_errors", max_format_errors), ("max_turns", max_turns)):
+        check_option(name, value)  # registry.make checked them already; build_env may be called directly
     if keys.query is None and (input_mode == "tokens" or batch_size not in (None, ())):
         raise ValueError(
             f"the {keys.name!r} layout keeps the reference's unbatched, text-only env; batch_size and "

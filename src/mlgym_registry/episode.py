@@ -9,8 +9,6 @@ The env itself ends every episode: like MLGym's agent, it turns the third format
 recorded as a step with an empty action and the parser's message as its observation, so every response the policy
 gave appears in the ``.traj``; the turn that ended the episode on a format error is recorded as MLGym records it, with
 the action ``exit_format``.
-
-The loop reads the chain's own unbatched tensordicts: build the env with ``registry.make(..., batch_size=())``.
 """
 
 from __future__ import annotations
@@ -140,11 +138,12 @@ def text_at(td: Any, key: Any) -> str:
 
 def parse_turn(parser: Callable[[str], tuple[str, str]], response: str, after: Any, observation_key: Any):
     """``(thought, action, observation, format_error)`` of a stepped turn; a format error's message is shown, unless
-    the env ended the episode on it (``exit_format``): then the backend's observation is."""
+    the env sent ``exit_format`` for it instead of a retry: then the backend's observation is."""
     try:
         thought, action = parser(response)
     except FormatError as exc:
-        if bool(after.get("done").any()):
+        retried = after.get("retry", None)
+        if retried is not None and not bool(retried.any()):
             return EXIT_FORMAT_THOUGHT, "exit_format", text_at(after, observation_key), True
         return response, "", str(exc), True
     return thought, action, text_at(after, observation_key), False

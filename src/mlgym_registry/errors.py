@@ -94,4 +94,5 @@ class BackendUnavailable(MLGymRegistryError, RuntimeError):
 
 
 class PolicyOutputError(MLGymRegistryError, ValueError):
-    """A step's input is not what the env's input mode reads (wrong key, type or batch size); says what it expects."""
+    """A step's input is not what the env's input mode reads (no response, or one of the wrong type); the message
+    names the key, the mode and the fix."""

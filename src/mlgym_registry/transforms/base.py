@@ -47,12 +47,11 @@ def missing_response(layout: Layout) -> Exception:
     """The error of a step whose input holds no model response: where the env reads it, and what writes it there."""
     from ..errors import PolicyOutputError
 
-    return PolicyOutputError(
-        f"the step input has no model response at {layout.response!r}: write the response text there (TorchRL's "
-        "TransformersWrapper and vLLMWrapper do, in every input mode; with input_mode='tokens' the token ids at "
-        f"{layout.tokens_response!r} do too)" if layout.tokens_response is not None else
-        f"the step input has no model response at {layout.response!r}: write the response text there"
-    )
+    message = f"the step input has no model response at {layout.response!r}: write the response text there"
+    if layout.tokens_response is not None:
+        message += (" (TorchRL's TransformersWrapper and vLLMWrapper do, in every input mode; with "
+                    f"input_mode='tokens' the token ids at {layout.tokens_response!r} do too)")
+    return PolicyOutputError(message)
 
 
 def text_of(value: Any, default: str = "") -> str:

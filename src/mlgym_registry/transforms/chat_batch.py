@@ -20,23 +20,9 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 from torchrl.data import Composite
 from torchrl.data.llm import History
 
-from ..errors import PolicyOutputError
 from .base import ChainTransform
 from .history import MessageStack, extend_history, history_from
 from .layout import Layout, set_entry
-
-
-def check_batch_size(batch_size: Any) -> torch.Size:
-    """``batch_size`` as a ``torch.Size`` with at least one dimension and exactly one element."""
-    size = torch.Size([batch_size] if isinstance(batch_size, int) else batch_size)
-    if len(size) == 0 or size.numel() != 1:
-        raise ValueError(
-            f"batch_size={tuple(size)} is not supported: an env built by registry.make runs one episode, so its "
-            "batch_size has one element ((1,), the default, or (1, 1), ...); use batch_size=() for the chain's own "
-            "unbatched tensordicts, and TorchRL's ParallelEnv, AsyncEnvPool or a multi-worker collector to run "
-            "several episodes at once"
-        )
-    return size
 
 
 def _scalar(value: Any, index: tuple[int, ...]) -> Any:
@@ -53,16 +39,23 @@ def _scalar(value: Any, index: tuple[int, ...]) -> Any:
     return value[index]
 
 
+def _messages_of(history: History | None) -> list[TensorDict] | None:
+    """The message tensordicts a lazily stacked ``History`` shares (None for anything else)."""
+    return None if history is None else getattr(history._tensordict, "tensordicts", None)
+
+
 class ChatBatch(ChainTransform):
     """Gives the chain's outputs ``batch_size`` (one element) and its step inputs back the chain's own shape."""
 
     def __init__(self, layout: Layout, batch_size: Any = (1,)):
+        """``batch_size``: a shape of one element, at least one dim (``validation`` checks the option)."""
         super().__init__(layout)
-        self.batch_size = check_batch_size(batch_size)
+        self.batch_size = torch.Size([batch_size] if isinstance(batch_size, int) else batch_size)
         self.index = (0,) * len(self.batch_size)
-        self._episode_messages: list[TensorDict] = []
-        self._history_out: History | None = None
         self._last_history: History | None = None
+        """The episode's ``History`` this stage batched last."""
+        self._history_out: History | None = None
+        """Its batched twin."""
 
     # -- shapes --------------------------------------------------------------------------------------------------
     def transform_env_batch_size(self, batch_size: torch.Size) -> torch.Size:
@@ -83,16 +76,14 @@ class ChatBatch(ChainTransform):
     def _batched_history(self, history: History) -> History:
         """``history`` with the batch dims in front, sharing the batched twin of every message seen before."""
         stack = history._tensordict
-        messages = list(stack.tensordicts) if isinstance(stack, MessageStack) else list(stack.unbind(0))
-        known = len(self._episode_messages)
-        if self._history_out is not None and known and len(messages) >= known \
-                and messages[known - 1] is self._episode_messages[-1]:
-            fresh = [self._batched_message(message) for message in messages[known:]]
+        messages = stack.tensordicts if isinstance(stack, MessageStack) else list(stack.unbind(0))
+        known = _messages_of(self._last_history)
+        if known and len(messages) >= len(known) and messages[len(known) - 1] is known[-1]:
+            fresh = [self._batched_message(message) for message in messages[len(known):]]
             batched = extend_history(self._history_out, fresh) if fresh else self._history_out
         else:  # another conversation than the one batched last: start over
             batched = history_from([self._batched_message(m) for m in messages], stack_dim=len(self.batch_size))
-        self._episode_messages = messages
-        self._history_out = batched
+        self._last_history, self._history_out = history, batched
         return batched
 
     def _batched(self, source: TensorDictBase) -> TensorDictBase:
@@ -106,7 +97,6 @@ class ChatBatch(ChainTransform):
             target = (*prefix, key)
             if isinstance(value, History):
                 value = self._batched_history(value)
-                self._last_history = source.get(key)
             elif isinstance(value, NonTensorData):
                 value = value.data
             elif isinstance(value, torch.Tensor):
@@ -117,7 +107,7 @@ class ChatBatch(ChainTransform):
             set_entry(out, target if len(target) > 1 else key, value)
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        self._episode_messages, self._history_out = [], None
+        self._last_history = self._history_out = None
         return self._batched(tensordict_reset)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
@@ -129,20 +119,13 @@ class ChatBatch(ChainTransform):
         return None
 
     def _episode_history(self, history: Any) -> History:
-        messages = getattr(history._tensordict, "tensordicts", None)
-        ours = self._history_out._tensordict.tensordicts if self._history_out is not None else None
-        if messages and ours and self._last_history is not None and len(messages) == len(ours) \
-                and messages[-1] is ours[-1]:
+        messages, ours = _messages_of(history), _messages_of(self._history_out)
+        if messages and ours and len(messages) == len(ours) and messages[-1] is ours[-1]:
             return self._last_history
         return History._from_tensordict(history._tensordict[self.index])
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if tuple(tensordict.batch_size) != tuple(self.batch_size):
-            raise PolicyOutputError(
-                f"the step input has batch size {tuple(tensordict.batch_size)}, but this env's is "
-                f"{tuple(self.batch_size)}; give env.step a tensordict shaped like env.reset()'s output (one "
-                "response per env; several envs run in a ParallelEnv or AsyncEnvPool)"
-            )
+        # (TorchRL's EnvBase.step has already refused a tensordict of another batch size)
         episode = TensorDict(batch_size=(), device=tensordict.device)
         for key in self._carried_keys():
             value = tensordict.get(key, None)
