@@ -59,6 +59,10 @@ class EpisodeResult:
     info: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
     stop_reason: str = ""
+    failure: str = ""
+    """Why the episode could not go on (its worker died, the env raised), or '' when nothing failed."""
+    worker: dict[str, Any] = field(default_factory=dict)
+    """Where a remote episode was played (``node_id``, ``host``, ``pid`` of its Ray actor); empty otherwise."""
 
     @property
     def total_reward(self) -> float:
@@ -100,6 +104,8 @@ class EpisodeResult:
 
     def summary(self) -> str:
         """One line: exit status, score and baseline."""
+        if self.failure:
+            return f"failed after {len(self.turns)} turns: {self.failure}"
         status = self.info.get("exit_status") or "not finished"
         metric = self.metric
         if self.score is None or metric is None:
@@ -149,50 +155,66 @@ def parse_turn(parser: Callable[[str], tuple[str, str]], response: str, after: A
     return thought, action, text_at(after, observation_key), False
 
 
-def run_episode(
-    env: Any,
-    policy: Policy,
-    *,
-    spec: TaskSpec | None = None,
-    writer: TrajectoryWriter | None = None,
-    on_turn: Callable[[Turn], None] | None = None,
-    seed: int | None = None,
-    max_turns: int | None = None,
-) -> EpisodeResult:
-    """Play one episode of ``env`` with ``policy`` and return its turns and score.
+class EpisodePlayer:
+    """One episode of ``env`` played by ``policy``, a turn at a time: ``start()``, then ``play_turn()`` until it
+    returns ``None``; ``result`` holds what happened so far.
 
-    ``writer`` records the episode as it goes; ``on_turn`` is called after every turn; ``max_turns`` stops the loop
-    earlier than the env's own cap. The env is reset here but not closed: the caller owns it. A ``seed`` that is not
-    an integer >= 0 raises ``InvalidOptionError`` before the env is touched.
+    ``run_episode`` plays a whole episode with it; a remote worker (``ray_episodes``) plays one turn per call so that
+    each turn reaches the driver as soon as it is played. ``writer`` records the episode as it goes (anything with
+    ``TrajectoryWriter``'s ``system``, ``user``, ``step`` and ``finish`` methods); ``on_turn`` is called after every
+    turn. The env is reset by ``start`` but not closed: the caller owns it.
     """
-    check_option("seed", seed)
-    base, layout = env_parts(env)
-    if seed is not None:
-        env.set_seed(seed)
-    td = env.reset()
-    spec = spec or base.task.spec  # after the reset: a multi-task env has just picked its task
-    parser = base.task.parser
-    messages = conversation(td, layout)
-    if writer is not None:
-        for message in messages:
-            (writer.system if message["role"] == "system" else writer.user)(message["content"])
-    policy.reset(spec)
-    result = EpisodeResult(spec)
-    max_turns = max_turns or base.max_turns
-    while len(result.turns) < max_turns:
-        state = text_at(td, layout.state)
+
+    def __init__(self, env: Any, policy: Policy, *, spec: TaskSpec | None = None, writer: Any = None,
+                 on_turn: Callable[[Turn], None] | None = None, seed: int | None = None,
+                 max_turns: int | None = None):
+        check_option("seed", seed)
+        self.env, self.policy, self.writer, self.on_turn, self.seed = env, policy, writer, on_turn, seed
+        self.base, self.layout = env_parts(env)
+        self.spec = spec
+        self.max_turns = max_turns
+        self.result: EpisodeResult | None = None
+        self._td: Any = None
+        self._messages: list[dict[str, str]] = []
+        self._over = False
+
+    def start(self) -> EpisodeResult:
+        """Reset the env (seeded when a seed was given) and record the first prompt."""
+        if self.seed is not None:
+            self.env.set_seed(self.seed)
+        self._td = self.env.reset()
+        self.spec = self.spec or self.base.task.spec  # after the reset: a multi-task env has just picked its task
+        self._messages = conversation(self._td, self.layout)
+        if self.writer is not None:
+            for message in self._messages:
+                (self.writer.system if message["role"] == "system" else self.writer.user)(message["content"])
+        self.policy.reset(self.spec)
+        self.result = EpisodeResult(self.spec)
+        self.max_turns = self.max_turns or self.base.max_turns
+        return self.result
+
+    def play_turn(self) -> Turn | None:
+        """Play the next turn and return it; ``None`` once the episode is over (then ``result`` is final)."""
+        if self._over:
+            return None
+        result, layout = self.result, self.layout
+        if len(result.turns) >= self.max_turns:
+            result.stop_reason = f"stopped after {self.max_turns} turns"
+            return self._end()
+        state = text_at(self._td, layout.state)
         try:
-            response = policy(messages)
+            response = self.policy(self._messages)
         except PolicyExhausted as exc:
             result.stop_reason = str(exc)
-            break
+            return self._end()
         started = time.monotonic()
-        td.set(layout.response, response)
-        td = env.step(td)
+        self._td.set(layout.response, response)
+        td = self.env.step(self._td)
         elapsed = time.monotonic() - started
         after = td["next"]
-        thought, action, observation, format_error = parse_turn(parser, response, after, layout.observation)
-        info = base.last_info
+        thought, action, observation, format_error = parse_turn(self.base.task.parser, response, after,
+                                                                layout.observation)
+        info = self.base.last_info
         if info is not None:
             result.info = dict(info)
         turn = Turn(
@@ -209,23 +231,48 @@ def run_episode(
             info=None if info is None else dict(info),
         )
         result.turns.append(turn)
-        messages = conversation(after, layout)
-        if writer is not None:
-            writer.step(turn.step(), info=result.info)
-            if not turn.done and messages and messages[-1]["role"] == "user":
-                writer.user(messages[-1]["content"])
-        if on_turn is not None:
-            on_turn(turn)
+        self._messages = conversation(after, layout)
+        if self.writer is not None:
+            self.writer.step(turn.step(), info=result.info)
+            if not turn.done and self._messages and self._messages[-1]["role"] == "user":
+                self.writer.user(self._messages[-1]["content"])
+        if self.on_turn is not None:
+            self.on_turn(turn)
         if turn.done:
             result.finished = True
-            if base.stop_reason is not None:
-                result.stop_reason = f"the env ended the episode ({base.stop_reason}: {base.max_turns} turns)"
-            break
+            if self.base.stop_reason is not None:
+                result.stop_reason = f"the env ended the episode ({self.base.stop_reason}: {self.base.max_turns} turns)"
+            self._end()
+            return turn
         # the next root is the step's output, minus what belongs to the transition (step_mdp cannot carry the
         # growing History: its lazy stacks differ in length from step to step)
-        td = after.exclude(*env.reward_keys, *env.done_keys)
-    else:
-        result.stop_reason = f"stopped after {max_turns} turns"
-    if writer is not None:
-        writer.finish(result.info)
+        self._td = after.exclude(*self.env.reward_keys, *self.env.done_keys)
+        return turn
+
+    def _end(self) -> None:
+        self._over = True
+        if self.writer is not None:
+            self.writer.finish(self.result.info)
+
+
+def run_episode(
+    env: Any,
+    policy: Policy,
+    *,
+    spec: TaskSpec | None = None,
+    writer: TrajectoryWriter | None = None,
+    on_turn: Callable[[Turn], None] | None = None,
+    seed: int | None = None,
+    max_turns: int | None = None,
+) -> EpisodeResult:
+    """Play one episode of ``env`` with ``policy`` and return its turns and score.
+
+    ``writer`` records the episode as it goes; ``on_turn`` is called after every turn; ``max_turns`` stops the loop
+    earlier than the env's own cap. The env is reset here but not closed: the caller owns it. A ``seed`` that is not
+    an integer >= 0 raises ``InvalidOptionError`` before the env is touched.
+    """
+    player = EpisodePlayer(env, policy, spec=spec, writer=writer, on_turn=on_turn, seed=seed, max_turns=max_turns)
+    result = player.start()
+    while player.play_turn() is not None:
+        pass
     return result

@@ -162,6 +162,7 @@ class TrajectoryWriter:
     steps: list[Step] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    failure: str = ""
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -206,13 +207,22 @@ class TrajectoryWriter:
             self.info = copy.deepcopy(info)
         self.save()
 
+    def fail(self, reason: str) -> None:
+        """Record that the episode failed (its worker died, the run was interrupted) and why: ``results.json`` gets
+        a ``"failed"`` entry beside the scores recorded so far."""
+        self.failure = reason
+        self.save()
+
     def trajectory(self) -> Trajectory:
         """What has been recorded so far."""
         return Trajectory(self.environment, list(self.steps), list(self.history), dict(self.info), self.traj_path)
 
     def results(self) -> dict[str, Any]:
-        """The ``results.json`` object: the scores so far and the baseline."""
-        return {"agent": list(self.info.get("score") or []), "baseline": self.baseline or {}}
+        """The ``results.json`` object: the scores so far and the baseline (and why, for an episode that failed)."""
+        results: dict[str, Any] = {"agent": list(self.info.get("score") or []), "baseline": self.baseline or {}}
+        if self.failure:
+            results["failed"] = self.failure
+        return results
 
     def save(self) -> None:
         """Write both files now (atomically)."""

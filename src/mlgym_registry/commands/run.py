@@ -42,7 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a new folder for the .traj and results.json (default: runs/<task>-<time>); "
                         "a folder that already holds a run is refused")
     parser.add_argument("--num-envs", type=cli_integer(1), default=1,
-                        help="episodes to play at once, in worker processes")
+                        help="episodes to play at once, in worker processes (or Ray actors with --ray)")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="play the episodes as Ray actors: on the cluster at ADDRESS (host:port, ray://host:port "
+                        "or auto), or on a local runtime started for this run when no ADDRESS is given "
+                        "(needs: pip install 'mlgym-registry[ray]')")
+    parser.add_argument("--cpus-per-env", type=float, default=None, metavar="N",
+                        help="with --ray: CPUs each actor asks for (default: what lets every env run at once, "
+                        "at most 1)")
     add_backend_option_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="show only the final score")
 
@@ -102,9 +109,15 @@ def main(args: argparse.Namespace) -> int:
     spec = with_changes(registry.spec(args.task), max_steps=args.max_steps, backend=args.backend,
                         training_timeout=args.training_timeout, options=backend_options(args.backend_option))
     check_policy(args.policy)
+    if args.ray is not None:
+        from ..ray_runtime import import_ray
+
+        import_ray()  # without the extra: say how to install it, before any folder is made
+    elif args.cpus_per_env is not None:
+        raise InvalidOptionError("--cpus-per-env is for --ray runs; add --ray (or --ray ADDRESS)")
     out = Path(args.out) if args.out else default_out(spec.id.replace("/", "_"))
     with OutFolder(out):
-        if args.num_envs > 1:
+        if args.num_envs > 1 or args.ray is not None:
             return run_many(spec, args, out)
         return run_one(spec, args, out)
 
@@ -149,18 +162,31 @@ def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = N
     return 0 if result.finished else 1
 
 
-def run_many(spec, args: argparse.Namespace, out: Path) -> int:
-    """N episodes at once in worker processes, with a progress bar."""
-    from ..parallel import run_parallel
+MAX_FAILED_STATUS = 100
+"""The exit status of a many-episode run is the number of episodes that did not end, capped here."""
 
-    bar = ProgressBar(args.num_envs, f"{spec.id}: episodes done")
-    results = run_parallel(spec, args.policy, args.num_envs, out=out, seed=args.seed,
-                           on_step=lambda finished, steps: bar.update(finished, f"({steps} steps)"))
-    bar.close()
+
+def run_many(spec, args: argparse.Namespace, out: Path) -> int:
+    """N episodes at once in worker processes or Ray actors, with a progress bar. The exit status is the number of
+    episodes that did not end (0 when all did)."""
+    from ..parallel import run_episodes
+
+    engine = "process" if args.ray is None else "ray"
+    where = "" if engine == "process" else f" on Ray ({args.ray or 'a local runtime'})"
+    bar = ProgressBar(args.num_envs, f"{spec.id}: episodes done{where}")
+    try:
+        results = run_episodes(spec, args.policy, args.num_envs, engine=engine, address=args.ray or None,
+                               cpus_per_env=args.cpus_per_env, out=out, seed=args.seed,
+                               on_step=lambda finished, steps: bar.update(finished, f"({steps} steps)"))
+    finally:
+        bar.close()
     for index, result in enumerate(results):
         print(f"env {index}: {printable(result.summary())}")
     print(f"wrote {out}/env<i>/{spec.id}.traj and results.json for {len(results)} episodes")
-    return 0 if all(result.finished for result in results) else 1
+    failed = sum(not result.finished for result in results)
+    if failed:
+        print(f"{failed} of {len(results)} episodes did not end")
+    return min(failed, MAX_FAILED_STATUS)
 
 
 # -- the --out folder --------------------------------------------------------------------------------------------

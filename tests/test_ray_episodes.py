@@ -1,0 +1,159 @@
+"""Episodes as Ray actors (``--ray``) on a real local Ray runtime: files, seeds, faults and clean-up.
+
+One local runtime (``ray_session()``: loopback only, its own temporary folder) serves the whole module; a broken
+plugin is installed for its workers only (on their ``PYTHONPATH``, not on this process's ``sys.path``), as on a
+worker node with a bad install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from mlgym_registry import registry  # noqa: E402
+from mlgym_registry.episode import run_episode  # noqa: E402
+from mlgym_registry.parallel import run_episodes  # noqa: E402
+from mlgym_registry.policies import make_policy  # noqa: E402
+from mlgym_registry.ray_runtime import RayConnectionError, ray_session  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+TASK = "blotto"
+BROKEN_DIST = "mlgym-registry-broken-on-workers"
+
+
+@pytest.fixture(scope="module")
+def workspaces(tmp_path_factory) -> Path:
+    """The folder the local backend makes its env folders in, for every test of the module (checked empty)."""
+    return tmp_path_factory.mktemp("workspaces")
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """A local Ray runtime for the module, whose workers see a plugin that fails to import."""
+    site = tmp_path_factory.mktemp("worker-site")
+    (site / "broken_on_workers.py").write_text("raise RuntimeError('this plugin is broken on purpose')\n")
+    info = site / "mlgym_registry_broken_on_workers-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {BROKEN_DIST}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[mlgym_registry]\nbroken = broken_on_workers\n")
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), saved]))
+    try:
+        with ray_session(num_cpus=2) as session:
+            yield session
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def options(workspaces: Path) -> dict:
+    return {"max_steps": 2, "backend_options": {"workspace_dir": str(workspaces)}}
+
+
+def spec_for(workspaces: Path):
+    return registry.spec(TASK).replace(max_steps=2, backend_options={"workspace_dir": str(workspaces)})
+
+
+def worker_actors() -> list[int]:
+    """The pids of the live ``EpisodeWorker`` actor processes on this machine (Ray titles them after the class)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or [""]
+        if cmdline[0].startswith("ray::EpisodeWorker") and process.status() != psutil.STATUS_ZOMBIE:
+            found.append(process.pid)
+    return found
+
+
+def assert_clean(workspaces: Path) -> None:
+    deadline = time.monotonic() + 10
+    while (worker_actors() or list(workspaces.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert worker_actors() == []
+    assert list(workspaces.iterdir()) == []
+
+
+def test_ray_episodes_write_the_same_files_and_scores_as_an_episode_in_this_process(local_ray, workspaces, tmp_path):
+    spec = spec_for(workspaces)
+    with pytest.warns(RuntimeWarning, match=f"in a Ray worker: .*{BROKEN_DIST}"):
+        results = run_episodes(spec, "scripted", 2, engine="ray", out=tmp_path / "ray", seed=5, episodes_per_env=2)
+    assert [result.finished for result in results] == [True] * 4
+    assert {result.worker["pid"] for result in results[:2]} != {result.worker["pid"] for result in results[2:]}
+    # episode k of env i has seed 5 + k * 2 + i: the first is the in-process episode with seed 5
+    env = registry.make(spec, batch_size=())
+    try:
+        local = run_episode(env, make_policy("scripted", task_id=TASK), seed=5)
+    finally:
+        env.close()
+    assert results[0].info["score"] == local.info["score"]
+    assert [turn.action for turn in results[0].turns] == [turn.action for turn in local.turns]
+    for folder in ("env0-0", "env0-1", "env1-0", "env1-1"):
+        saved = json.loads((tmp_path / "ray" / folder / "results.json").read_text())
+        traj = json.loads((tmp_path / "ray" / folder / f"{TASK}.traj").read_text())
+        assert saved["agent"] and "failed" not in saved
+        assert len(traj["trajectory"]) == len(results[0].turns) or traj["info"]["exit_status"]
+    assert json.loads((tmp_path / "ray" / "env0-0" / "results.json").read_text())["agent"] == local.info["score"]
+    assert_clean(workspaces)
+
+
+def test_an_actor_killed_mid_episode_fails_only_its_episode(local_ray, workspaces, tmp_path):
+    killed: list[int] = []
+
+    def kill_one(finished: int, steps: int) -> None:
+        if steps >= 1 and not killed:
+            pid = worker_actors()[0]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    results = run_episodes(spec_for(workspaces), "scripted", 3, engine="ray", out=tmp_path, seed=0, on_step=kill_one)
+    failed = [result for result in results if result.failure]
+    assert len(failed) == 1
+    assert failed[0].failure.startswith("its Ray actor died: its worker process has died (exit type ")
+    assert failed[0].failure.endswith(f", pid {killed[0]})")
+    assert sum(result.finished for result in results) == 2
+    index = results.index(failed[0])
+    saved = json.loads((tmp_path / f"env{index}" / "results.json").read_text())
+    assert saved["failed"] == failed[0].failure
+    assert_clean(workspaces)
+
+
+def test_an_interrupt_stops_the_actors_and_leaves_valid_files(local_ray, workspaces, tmp_path):
+    def interrupt(finished: int, steps: int) -> None:
+        if steps >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_episodes(spec_for(workspaces), "scripted", 2, engine="ray", out=tmp_path, seed=0, on_step=interrupt)
+    for folder in ("env0", "env1"):
+        saved = json.loads((tmp_path / folder / "results.json").read_text())
+        json.loads((tmp_path / folder / f"{TASK}.traj").read_text())
+        assert saved.get("failed", "").startswith("interrupted") or saved["agent"]
+    assert any("failed" in json.loads((tmp_path / f / "results.json").read_text()) for f in ("env0", "env1"))
+    assert_clean(workspaces)
+
+
+def test_a_cpu_request_larger_than_any_node_is_refused_before_any_actor_starts(local_ray, workspaces):
+    started = time.monotonic()
+    with pytest.raises(RayConnectionError, match=r"cpus_per_env=3.*largest node.*2 CPUs"):
+        run_episodes(spec_for(workspaces), "scripted", 1, engine="ray", cpus_per_env=3)
+    assert time.monotonic() - started < 5
+    assert worker_actors() == []
+
+
+def test_an_unknown_task_fails_in_the_driver(local_ray):
+    from mlgym_registry.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError, match="Did you mean 'blotto'"):
+        run_episodes("blottoo", "scripted", 2, engine="ray")
+    assert worker_actors() == []
