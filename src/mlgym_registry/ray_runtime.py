@@ -57,14 +57,15 @@ def import_ray() -> ModuleType:
     return ray
 
 
+LOOPBACK_ENVIRONMENT = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""Makes Ray use 127.0.0.1 as this node's address (and bind there) instead of the machine's outward address."""
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
 def local_runtime_environment(token: str) -> dict[str, str]:
     """The environment variables that make a local runtime loopback-only, token-protected and silent."""
-    return {
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": token,
-    }
+    return {**LOOPBACK_ENVIRONMENT, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
 
 
 @dataclass
@@ -107,18 +108,22 @@ def ray_session(address: str | None = None, *, num_cpus: int | None = None) -> I
         yield RaySession(address=address, owns_runtime=False)
         return
     if address:
-        check_reachable(address)
-        try:
-            ray.init(address=address, configure_logging=False, log_to_driver=False)
-        except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError or its own errors here
-            raise RayConnectionError(f"cannot connect to the Ray cluster at {address!r}: {exc}; {HEAD_NODE_HINT}") \
-                from None
-        try:
-            yield RaySession(address=address, owns_runtime=False)
-        finally:
-            ray.shutdown()
+        host = check_reachable(address)
+        # a cluster on loopback (a head node started on this machine for tests or a single-machine run): this
+        # driver must use loopback too, or Ray swaps 127.0.0.1 for the machine's outward address and never connects
+        loopback = host in LOOPBACK_HOSTS or host.startswith("127.")
+        with _environment(LOOPBACK_ENVIRONMENT if loopback else {}):
+            try:
+                ray.init(address=address, configure_logging=False, log_to_driver=False)
+            except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError or its own errors
+                raise RayConnectionError(f"cannot connect to the Ray cluster at {address!r}: {exc}; "
+                                         f"{HEAD_NODE_HINT}") from None
+            try:
+                yield RaySession(address=address, owns_runtime=False)
+            finally:
+                ray.shutdown()
         return
-    temp_dir = Path(tempfile.mkdtemp(prefix="mlgym-ray-"))  # short: Ray's socket paths must fit 107 bytes
+    temp_dir = Path(tempfile.mkdtemp(prefix="mlgym-ray-", dir=_short_temp_root()))
     with _environment(local_runtime_environment(secrets.token_hex(32))):
         try:
             ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=str(temp_dir), configure_logging=False,
@@ -129,14 +134,21 @@ def ray_session(address: str | None = None, *, num_cpus: int | None = None) -> I
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Raise ``RayConnectionError`` unless ``address``'s host accepts a TCP connection within ``timeout`` seconds.
+def _short_temp_root() -> str:
+    """The temporary folder, or /tmp when its path is long: Ray's socket paths under it must fit in 107 bytes."""
+    root = tempfile.gettempdir()
+    return root if len(root) <= 40 else "/tmp"
+
+
+def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> str:
+    """Raise ``RayConnectionError`` unless ``address``'s host accepts a TCP connection within ``timeout`` seconds;
+    return the host.
 
     ``auto`` is left to Ray (it reads the address of a cluster started on this machine, and fails at once without
     one).
     """
     if address == "auto":
-        return
+        return ""
     host_port = address.split("://", 1)[-1].rstrip("/")
     host, sep, port_text = host_port.rpartition(":")
     if not sep or not port_text.isdigit():
@@ -147,6 +159,7 @@ def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
     except OSError as exc:
         raise RayConnectionError(f"no Ray cluster answers at {address!r} ({exc.strerror or exc}); {HEAD_NODE_HINT}") \
             from None
+    return host.strip("[]")
 
 
 @contextlib.contextmanager
@@ -155,14 +168,17 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
     saved: dict[str, Any] = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     constants = None
-    try:
-        from ray._private import ray_constants as constants
+    if "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" in values:
+        try:
+            from ray._private import ray_constants as constants
 
-        # read by Ray when it is imported: this process may have imported Ray before the variable was set
-        saved_cluster, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, False
-    except (ImportError, AttributeError):
-        constants = None
-    _reload_auth_settings()
+            # read by Ray when it is imported: this process may have imported Ray before the variable was set
+            saved_cluster, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, False
+        except (ImportError, AttributeError):
+            constants = None
+    reload_auth = any(key.startswith("RAY_AUTH") for key in values)
+    if reload_auth:
+        _reload_auth_settings()
     try:
         yield
     finally:
@@ -173,7 +189,8 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        _reload_auth_settings()
+        if reload_auth:
+            _reload_auth_settings()
 
 
 def _reload_auth_settings() -> None:

@@ -1,0 +1,216 @@
+"""``mlgym-registry run --ray`` as a user runs it, on real Ray runtimes started by the tests.
+
+- a head node started with ``ray start --head`` on loopback, addressed with ``--ray 127.0.0.1:PORT``;
+- a two-node cluster on this machine (``ray.cluster_utils.Cluster``), in a fresh interpreter: the episodes spread over
+  the nodes, and losing a node mid-episode fails only the episode it was playing;
+- ``--ray`` alone, interrupted: every file stays valid JSON, and no Ray process, temporary folder or file in the
+  home folder is left;
+- bad input: an address nobody answers, Ray not installed, an unknown task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, run_python
+
+pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+TASK = "blotto"
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def quiet_env(home: Path, **extra: str) -> dict[str, str]:
+    """This environment with its own home folder (checked for files Ray should not write there)."""
+    env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", **extra)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return env
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention ``text``."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if text in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(cmdline[:200])
+    return found
+
+
+def stop_group(process: subprocess.Popen, timeout: float = 20) -> None:
+    """Stop a process started in its own session, and everything it started."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture
+def short_tmp():
+    """A temporary folder with a short path (Ray's socket paths must fit in 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def test_run_on_a_head_node_started_with_ray_start(tmp_path, short_tmp):
+    port = free_port()
+    home = tmp_path / "home"
+    home.mkdir()
+    env = quiet_env(home, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled")
+    head = subprocess.Popen(
+        [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+         "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(short_tmp / "ray")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        out = tmp_path / "out"
+        done = run_cli("run", TASK, "--max-steps", "2", "--num-envs", "2", "--ray", f"127.0.0.1:{port}",
+                       "--seed", "1", "--out", str(out), env=quiet_env(home, RAY_AUTH_MODE="disabled"), timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+        for index in (0, 1):
+            saved = json.loads((out / f"env{index}" / "results.json").read_text())
+            assert saved["agent"] and "failed" not in saved
+        assert "episodes done on Ray (127.0.0.1:" in done.stderr
+    finally:
+        stop_group(head)
+    assert processes_mentioning(str(short_tmp)) == []
+
+
+CLUSTER_SCRIPT = """
+import json, time
+import ray
+from ray.cluster_utils import Cluster
+from mlgym_registry import registry
+from mlgym_registry.parallel import run_episodes
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+worker_node = cluster.add_node(num_cpus=1)
+cluster.wait_for_nodes()
+ray.init(address=cluster.address)
+spec = registry.spec("blotto").replace(max_steps=3)
+lost = []
+
+def lose_worker_node(finished, steps):
+    if steps >= 2 and not lost:
+        cluster.remove_node(worker_node)
+        lost.append(worker_node.node_id)
+
+first = run_episodes(spec, "scripted", 2, engine="ray", seed=0)
+second = run_episodes(spec, "scripted", 2, engine="ray", seed=0, on_step=lose_worker_node)
+print(json.dumps({
+    "first": [[r.finished, r.worker.get("node_id"), r.failure] for r in first],
+    "second": [[r.finished, r.worker.get("node_id"), r.failure] for r in second],
+    "lost": lost, "head": cluster.head_node.node_id,
+}))
+ray.shutdown()
+cluster.shutdown()
+"""
+
+
+def test_episodes_spread_over_nodes_and_a_lost_node_fails_only_its_episode(tmp_path, short_tmp):
+    home = tmp_path / "home"
+    home.mkdir()
+    done = run_python(CLUSTER_SCRIPT, env=quiet_env(home, RAY_AUTH_MODE="disabled", TMPDIR=str(short_tmp)),
+                      timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [finished for finished, _, _ in report["first"]] == [True, True]
+    assert len({node for _, node, _ in report["first"]}) == 2  # one env per node
+    outcomes = report["second"]
+    assert sum(finished for finished, _, _ in outcomes) == 1
+    failure = next(failure for finished, _, failure in outcomes if not finished)
+    assert failure.startswith("its Ray actor died")
+    assert processes_mentioning(str(short_tmp)) == []
+
+
+def test_an_interrupted_local_runtime_run_leaves_valid_files_and_nothing_running(tmp_path, short_tmp):
+    home = tmp_path / "home"
+    home.mkdir()
+    out = tmp_path / "out"
+    run = subprocess.Popen([sys.executable, "-m", "mlgym_registry.cli", "run", TASK, "--num-envs", "2", "--ray",
+                            "--out", str(out)], env=quiet_env(home, TMPDIR=str(short_tmp)),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(out.glob("env*/*.traj")):
+            time.sleep(0.2)
+        assert list(out.glob("env*/*.traj")), "no episode started"
+        time.sleep(1.0)
+        os.kill(run.pid, signal.SIGINT)
+        stdout, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            stop_group(run)
+    assert run.returncode == 130, stdout + stderr
+    assert "interrupted" in stderr
+    for path in out.glob("env*/*"):
+        json.loads(path.read_text())  # every file is complete JSON
+    failed = [json.loads(path.read_text()).get("failed") for path in out.glob("env*/results.json")]
+    assert "interrupted before the episode ended" in failed
+    assert processes_mentioning(str(short_tmp)) == []
+    # Ray's files and the local backend's folders (torch may leave its compile cache there: not ours)
+    assert [path.name for path in short_tmp.glob("mlgym-*")] == []
+    assert list(home.iterdir()) == []  # no ~/.ray (auth token) or usage report
+
+
+def test_an_address_nobody_answers_fails_fast_and_names_it(tmp_path):
+    port = free_port()
+    started = time.monotonic()
+    done = run_cli("run", TASK, "--num-envs", "2", "--ray", f"127.0.0.1:{port}", "--out", str(tmp_path / "out"))
+    assert time.monotonic() - started < 30
+    assert done.returncode != 0
+    assert f"no Ray cluster answers at '127.0.0.1:{port}'" in done.stderr
+    assert "ray start --head" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_not_installed_names_the_extra(tmp_path):
+    code = f"""
+        import sys
+        sys.modules["ray"] = None  # as if Ray were not installed
+        from mlgym_registry.cli import main
+        sys.exit(main(["run", "{TASK}", "--num-envs", "2", "--ray", "--out", {str(tmp_path / "out")!r}]))
+    """
+    done = run_python(code)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'mlgym-registry[ray]'" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_task_fails_before_ray_starts(tmp_path):
+    started = time.monotonic()
+    done = run_cli("run", "blottoo", "--ray", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert "Did you mean 'blotto'" in done.stderr
+    assert time.monotonic() - started < 20
