@@ -108,3 +108,13 @@ def test_run_parallel_plays_each_env_to_the_end(tmp_path):
     assert len(results) == 4 and all(result.finished for result in results)
     assert all(result.improvement > 0 for result in results)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["env0-0", "env0-1", "env1-0", "env1-1"]
+
+
+def test_run_episodes_refuses_an_unknown_engine_and_ray_options_without_ray():
+    from mlgym_registry.parallel import run_episodes
+    from mlgym_registry.validation import InvalidOptionError
+
+    with pytest.raises(InvalidOptionError, match="engine='threads' is not one of process, ray"):
+        run_episodes("blotto", "scripted", 2, engine="threads")
+    with pytest.raises(InvalidOptionError, match="pass engine='ray'"):
+        run_episodes("blotto", "scripted", 2, address="127.0.0.1:6379")

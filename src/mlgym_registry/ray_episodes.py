@@ -385,10 +385,12 @@ def run_ray_episodes(
 
     ``address`` is an existing cluster (``host:port``, ``ray://host:port`` or ``auto``); without one a local runtime
     is started for the run and stopped at the end (an already initialised Ray is used as it is). ``cpus_per_env`` is
-    each actor's CPU request: by default what lets every env run at once (at most 1); more than the largest node has
-    is refused. The rest is as in ``parallel.run_parallel``; a failed episode has ``failure`` set.
+    each actor's CPU request: by default what lets every env run at once on the cluster's nodes (at most 1); more than
+    the largest node has is refused (``RayResourceError``). The rest is as in ``parallel.run_parallel``; a failed
+    episode has ``failure`` set.
     """
-    from .ray_runtime import RayConnectionError, import_ray, ray_session
+    from .ray_collectors import RayResourceError, cpus_per_collector
+    from .ray_runtime import import_ray, ray_session
     from .registry import registry
     from .validation import check_option
 
@@ -401,10 +403,10 @@ def run_ray_episodes(
     with ray_session(address) as session:
         largest = session.largest_node_cpus()
         if cpus_per_env is None:
-            cpus_per_env = min(1.0, session.cluster_cpus() / num_envs) if num_envs else 1.0
+            cpus_per_env = cpus_per_collector(num_envs)  # 1 CPU each, or the share that lets every env run at once
         elif cpus_per_env > largest:
-            raise RayConnectionError(f"cpus_per_env={cpus_per_env} is more than the largest node of the cluster has "
-                                     f"({largest:g} CPUs): no actor could ever start; ask for at most {largest:g}")
+            raise RayResourceError(f"cpus_per_env={cpus_per_env:g} is more than the largest node of the cluster has "
+                                   f"({largest:g} CPUs): no actor could ever start; ask for at most {largest:g}")
         runner = RayEpisodeRunner(spec, policy, num_envs, out=out, seed=seed, options=options,
                                   episodes_per_env=episodes_per_env, cpus_per_env=cpus_per_env, on_step=on_step,
                                   known_problems=known)

@@ -79,19 +79,11 @@ class RaySession:
     temp_dir: Path | None = None
     """The folder holding a started runtime's files (removed on exit)."""
 
-    def cluster_cpus(self) -> float:
-        """CPUs in the whole cluster."""
-        return float(import_ray().cluster_resources().get("CPU", 0.0))
-
     def largest_node_cpus(self) -> float:
         """CPUs of the biggest alive node: no single actor can ask for more."""
         ray = import_ray()
         return max((float(node["Resources"].get("CPU", 0.0)) for node in ray.nodes() if node.get("Alive")),
                    default=0.0)
-
-    def node_ids(self) -> list[str]:
-        """The ids of the alive nodes."""
-        return [node["NodeID"] for node in import_ray().nodes() if node.get("Alive")]
 
 
 @contextlib.contextmanager
