@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -55,6 +56,12 @@ def fake_site(tmp_path, monkeypatch) -> FakeSite:
     site.mkdir()
     monkeypatch.syspath_prepend(str(site))
     return FakeSite(site)
+
+
+def default_sigint() -> None:
+    """For ``Popen(preexec_fn=...)``: Ctrl-C as a terminal delivers it. A suite started in the background by a shell
+    runs with SIGINT ignored, and children inherit that, so a test of what Ctrl-C does must undo it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import run_cli
+from conftest import default_sigint, run_cli
 
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.trajectories import load_results, load_traj
@@ -99,6 +99,7 @@ def test_sigint_mid_episode_keeps_the_steps_and_leaves_nothing_behind(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlgym_registry.cli", "run", "prisonersDilemma", "--policy", "human", "--out", str(out)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=default_sigint,
     )
     traj = out / "prisonersDilemma.traj"
     try:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_python
+from conftest import default_sigint, run_cli, run_python
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
@@ -160,7 +160,8 @@ def test_an_interrupted_local_runtime_run_leaves_valid_files_and_nothing_running
     out = tmp_path / "out"
     run = subprocess.Popen([sys.executable, "-m", "mlgym_registry.cli", "run", TASK, "--num-envs", "2", "--ray",
                             "--out", str(out)], env=quiet_env(home, TMPDIR=str(short_tmp)),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not list(out.glob("env*/*.traj")):
