@@ -61,7 +61,7 @@ def timed(task: str, engine: str, num_envs: int, per_env: int) -> tuple[Timing, 
 class MemorySampler:
     """Samples this process's resident memory, and the actors', in the background while a run goes."""
 
-    def __init__(self, interval: float = 0.05):
+    def __init__(self, interval: float = 0.2):
         self.interval = interval
         self.driver_peak = 0
         self.actor_rss: list[int] = []
@@ -70,12 +70,10 @@ class MemorySampler:
 
     def __enter__(self) -> MemorySampler:
         self.before = psutil.Process().memory_info().rss
-        self.cpu_before = sum(psutil.Process().cpu_times()[:2])
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.cpu = sum(psutil.Process().cpu_times()[:2]) - self.cpu_before
         self._stop.set()
         self._thread.join()
 
@@ -102,27 +100,33 @@ def main() -> None:
     many = 4 if args.quick else 16
     print(f"Ray bench, task {args.task}, {os.cpu_count()} CPUs")
 
-    process, _ = timed(args.task, "process", 2, 2)
-    print(f"processes, 2 envs x 2 episodes: {process.rate:.2f} steps/s, start-up {process.startup:.1f} s")
+    per_env = 2 if args.quick else 3
+    process, _ = timed(args.task, "process", 2, per_env)
+    print(f"processes, 2 envs x {per_env} episodes: {process.rate:.2f} steps/s, start-up {process.startup:.1f} s")
 
     started = time.monotonic()
     with ray_session(num_cpus=os.cpu_count()):
         runtime = time.monotonic() - started
         print(f"local Ray runtime start-up: {runtime:.1f} s")
-        ray2, _ = timed(args.task, "ray", 2, 2)
-        print(f"Ray, 2 actors x 2 episodes: {ray2.rate:.2f} steps/s, actors' start-up {ray2.startup:.1f} s")
-        ray1, _ = timed(args.task, "ray", 1, 2)
-        print(f"Ray, 1 actor x 2 episodes: {ray1.rate:.2f} steps/s, start-up {ray1.startup:.1f} s")
+        ray2, _ = timed(args.task, "ray", 2, per_env)
+        print(f"Ray, 2 actors x {per_env} episodes: {ray2.rate:.2f} steps/s, actors' start-up {ray2.startup:.1f} s")
+        ray1, _ = timed(args.task, "ray", 1, per_env)
+        print(f"Ray, 1 actor x {per_env} episodes: {ray1.rate:.2f} steps/s, start-up {ray1.startup:.1f} s")
+        me = psutil.Process()
+        cpu_before = sum(me.cpu_times()[:2])
+        timing, _ = timed(args.task, "ray", many, 1)
+        per_step = 1000 * (sum(me.cpu_times()[:2]) - cpu_before) / len(timing.steps)
+        print(f"driver CPU with {many} concurrent remote episodes: {per_step:.1f} ms per step (actors' start-up and "
+              f"Ray's own driver threads included)")
         samples = {}
         for count in (2, many):
             with MemorySampler() as sampler:
-                timing, _ = timed(args.task, "ray", count, 1)
+                timed(args.task, "ray", count, 1)
             samples[count] = sampler
             actors = sampler.actor_rss
-            per_step = 1000 * sampler.cpu / len(timing.steps)
             print(f"{count} concurrent remote episodes: driver grew {sampler.growth / 2**20:.1f} MiB "
-                  f"(peak {sampler.driver_peak / 2**20:.0f} MiB), driver CPU {per_step:.1f} ms per step; "
-                  f"actor processes of {min(actors) / 2**20:.0f}-{max(actors) / 2**20:.0f} MiB resident")
+                  f"(peak {sampler.driver_peak / 2**20:.0f} MiB); actor processes of "
+                  f"{min(actors) / 2**20:.0f}-{max(actors) / 2**20:.0f} MiB resident")
 
     ratio = ray2.rate / process.rate
     scaling = ray2.rate / ray1.rate

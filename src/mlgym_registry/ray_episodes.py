@@ -98,9 +98,6 @@ class EpisodeWorker:
         turn = self.player.play_turn()
         events = self.recorder.take()
         if turn is None or turn.done:
-            if turn is not None:  # play_turn only marks the end on the next call when the step was the last one
-                self.player.play_turn()
-                events += self.recorder.take()
             result = self.player.result
             events.append(("end", EpisodeResult(result.spec, [], result.info, result.finished, result.stop_reason)))
         return events
