@@ -118,3 +118,6 @@ def test_run_episodes_refuses_an_unknown_engine_and_ray_options_without_ray():
         run_episodes("blotto", "scripted", 2, engine="threads")
     with pytest.raises(InvalidOptionError, match="pass engine='ray'"):
         run_episodes("blotto", "scripted", 2, address="127.0.0.1:6379")
+    pytest.importorskip("ray")
+    with pytest.raises(InvalidOptionError, match="cpus_per_env=0: each actor needs a CPU share above 0"):
+        run_episodes("blotto", "scripted", 2, engine="ray", cpus_per_env=0)

@@ -215,3 +215,10 @@ def test_an_unknown_task_fails_before_ray_starts(tmp_path):
     assert done.returncode == 2
     assert "Did you mean 'blotto'" in done.stderr
     assert time.monotonic() - started < 20
+
+
+def test_a_cpu_share_of_zero_is_refused_before_anything_starts(tmp_path):
+    done = run_cli("run", TASK, "--ray", "--cpus-per-env", "0", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert "--cpus-per-env 0: each actor needs a CPU share above 0" in done.stderr
+    assert not (tmp_path / "out").exists()

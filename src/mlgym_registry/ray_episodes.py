@@ -389,9 +389,11 @@ def run_ray_episodes(
     from .ray_collectors import RayResourceError, cpus_per_collector
     from .ray_runtime import import_ray, ray_session
     from .registry import registry
-    from .validation import check_option
+    from .validation import InvalidOptionError, check_option
 
     import_ray()
+    if cpus_per_env is not None and not cpus_per_env > 0:
+        raise InvalidOptionError(f"cpus_per_env={cpus_per_env!r}: each actor needs a CPU share above 0 (e.g. 0.5)")
     spec = registry.spec(spec)
     registry.resolve(spec)  # an unknown task, component or option fails here, before any actor starts
     check_option("seed", seed)

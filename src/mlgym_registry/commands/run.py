@@ -109,6 +109,9 @@ def main(args: argparse.Namespace) -> int:
     spec = with_changes(registry.spec(args.task), max_steps=args.max_steps, backend=args.backend,
                         training_timeout=args.training_timeout, options=backend_options(args.backend_option))
     check_policy(args.policy)
+    if args.cpus_per_env is not None and not args.cpus_per_env > 0:
+        raise InvalidOptionError(f"--cpus-per-env {args.cpus_per_env:g}: each actor needs a CPU share above 0 "
+                                 f"(e.g. 0.5)")
     if args.ray is not None:
         from ..ray_runtime import import_ray
 
