@@ -128,21 +128,6 @@ def test_an_actor_killed_mid_episode_fails_only_its_episode(local_ray, workspace
     assert_clean(workspaces)
 
 
-def test_an_interrupt_stops_the_actors_and_leaves_valid_files(local_ray, workspaces, tmp_path):
-    def interrupt(finished: int, steps: int) -> None:
-        if steps >= 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        run_episodes(spec_for(workspaces), "scripted", 2, engine="ray", out=tmp_path, seed=0, on_step=interrupt)
-    for folder in ("env0", "env1"):
-        saved = json.loads((tmp_path / folder / "results.json").read_text())
-        json.loads((tmp_path / folder / f"{TASK}.traj").read_text())
-        assert saved.get("failed", "").startswith("interrupted") or saved["agent"]
-    assert any("failed" in json.loads((tmp_path / f / "results.json").read_text()) for f in ("env0", "env1"))
-    assert_clean(workspaces)
-
-
 def test_a_cpu_request_larger_than_any_node_is_refused_before_any_actor_starts(local_ray, workspaces):
     started = time.monotonic()
     with pytest.raises(RayConnectionError, match=r"cpus_per_env=3.*largest node.*2 CPUs"):

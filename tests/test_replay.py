@@ -95,9 +95,14 @@ def test_replay_works_on_a_task_registered_from_a_spec(tmp_path):
     assert report.task == "pdCopy" and report.our_exit_status == "submitted" and not report.warnings
 
 
+EVALUATION_CAP = 3
+"""Seconds an evaluation may take in these replays: a game's evaluation takes about 1 s here, two at once (3x
+headroom), while a replayed strategy that never ends costs the whole cap at every validate."""
+
+
 def expected_cost(path: Path) -> int:
     """A rough rank of how long replaying a recorded run takes: its evaluations (``validate`` and the final one)
-    dominate, each up to the 5 s cap."""
+    dominate, each up to the evaluation cap."""
     steps = load_traj(path).steps
     return 10 * (1 + sum((step.action or "").strip() == "validate" for step in steps)) + len(steps)
 
@@ -105,7 +110,7 @@ def expected_cost(path: Path) -> int:
 def replay_workers() -> int:
     """How many recorded runs replay at once: one per core. A replay mostly waits on its evaluations, each a pair of
     processes that take turns (the evaluator and the agent's code), so about one core each; more at once would slow
-    the evaluations against their 5 s cap and change what the replays see."""
+    the evaluations against their cap (``EVALUATION_CAP``) and change what the replays see."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
@@ -131,7 +136,7 @@ def recorded_replays(request, tmp_path_factory):
             continue
         # replayed edits can land on other lines than in MLGym's starter files and make a strategy that never ends:
         # a short evaluation timeout keeps such a replay short
-        future = pool.submit(replay, path, task, out, seed=0, warnings=warnings, training_timeout=5)
+        future = pool.submit(replay, path, task, out, seed=0, warnings=warnings, training_timeout=EVALUATION_CAP)
         runs[path] = (out, future)
     yield runs
     pool.shutdown(wait=True, cancel_futures=True)
