@@ -733,6 +733,9 @@ class LocalBackend:
             self._res.session.kill_processes()
             # killed processes hold their slots until reaped (by init, for orphans): wait so the shell can fork again
             cgroup.wait_reaped(keep=len(cgroup.members()))
+            # the shell reports its killed background jobs ("Killed", "Done") when it next runs something: let it do
+            # so now, in a command whose output nobody sees, rather than in front of the agent's next command
+            self._res.session.run("builtin wait", timeout=10)
             self._res.session.discard_pending()  # what the stopped processes printed after the command ended
         self._limit_hits = cgroup.hit_limit_count()
         note = (
