@@ -121,3 +121,19 @@ def test_run_episodes_refuses_an_unknown_engine_and_ray_options_without_ray():
     pytest.importorskip("ray")
     with pytest.raises(InvalidOptionError, match="cpus_per_env=0: each actor needs a CPU share above 0"):
         run_episodes("blotto", "scripted", 2, engine="ray", cpus_per_env=0)
+
+
+def test_a_factory_env_seeds_each_of_its_episodes_as_rays_runner_does():
+    from mlgym_registry.parallel import EnvFactory
+
+    env = EnvFactory.from_spec("blotto", batch_size=())
+    env = EnvFactory(env.spec, env.options, seed=7, seed_stride=3)()  # env 0 of 3 started at seed 7
+    try:
+        seeds = []
+        reset = env.base_env.backend.reset
+        env.base_env.backend.reset = lambda seed=None, **kw: (seeds.append(seed), reset(seed=seed, **kw))[1]
+        for _ in range(3):
+            env.reset()
+        assert seeds == [7, 10, 13]  # seed + k * num_envs + i
+    finally:
+        env.close()

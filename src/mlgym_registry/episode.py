@@ -207,6 +207,9 @@ class EpisodePlayer:
         except PolicyExhausted as exc:
             result.stop_reason = str(exc)
             return self._end()
+        except Exception as exc:  # recorded as failed, files kept valid; the caller decides what to do with it
+            self._fail(f"{type(exc).__name__}: {exc}")
+            raise
         started = time.monotonic()
         self._td.set(layout.response, response)
         td = self.env.step(self._td)
@@ -214,7 +217,7 @@ class EpisodePlayer:
         after = td["next"]
         thought, action, observation, format_error = parse_turn(self.base.task.parser, response, after,
                                                                 layout.observation)
-        info = self.base.last_info
+        info = self._with_model_stats(self.base.last_info)
         if info is not None:
             result.info = dict(info)
         turn = Turn(
@@ -253,6 +256,23 @@ class EpisodePlayer:
         self._over = True
         if self.writer is not None:
             self.writer.finish(self.result.info)
+
+    def _fail(self, reason: str) -> None:
+        """End the episode as failed: the writer records why, beside the policy's usage so far."""
+        self._over = True
+        self.result.failure = reason
+        self.result.info = self._with_model_stats(self.result.info) or {}
+        fail = getattr(self.writer, "fail", None)
+        if fail is not None:
+            fail(reason, info=self.result.info)
+
+    def _with_model_stats(self, info: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``info`` with the policy's usage as ``info["model_stats"]`` (MLGym's place for it), when it keeps any."""
+        stats = getattr(self.policy, "stats", None)
+        stats = stats() if stats is not None else None
+        if stats is None:
+            return info
+        return {**(info or {}), "model_stats": stats}
 
 
 def run_episode(

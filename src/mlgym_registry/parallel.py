@@ -23,6 +23,7 @@ from torchrl.data import Composite, NonTensor
 from torchrl.envs import Transform
 
 from .episode import EpisodeResult, Turn, parse_turn, text_at
+from .policies.base import PolicyError
 from .specs import TaskSpec
 from .trajectories import TrajectoryWriter
 
@@ -31,6 +32,30 @@ INFO_KEY = "backend_info"
 
 WORKER_KEY = "env_index"
 """Where ``RecordInfo`` puts the index of the env (one per worker) a step comes from."""
+
+STATS_KEY = "policy_stats"
+"""Where ``TextPolicy`` puts its policy's usage so far (``Policy.stats()``, as JSON text; '' when it keeps none)."""
+
+POLICY_ERROR_KEY = "policy_error"
+"""Where ``TextPolicy`` puts why its policy gave up on an episode ('' when it did not)."""
+
+IDLE_RESPONSE = "DISCUSSION\nThis worker has played its episodes.\n```\nexit_forfeit\n```"
+"""What ``TextPolicy`` answers once its worker has played its episodes: the collector keeps every worker stepping
+until it is shut down, and those steps (dropped by the receiver) must not cost a model call or an evaluation."""
+
+GAVE_UP_RESPONSE = "DISCUSSION\nThe model could not be reached.\n```\nexit_api\n```"
+"""What ``TextPolicy`` answers when its policy gave up (``PolicyError``): MLGym's ``exit_api``, which autosubmits."""
+
+FolderName = Callable[[int, int], str]
+"""``folders(env_index, episode_number)``: the folder (under ``out``) of that env's episode."""
+
+
+def episode_folder(index: int, number: int, episodes_per_env: int, folders: FolderName | None = None) -> str:
+    """The folder of env ``index``'s episode ``number``: ``folders(index, number)`` when given, else ``env<i>`` (one
+    episode per env) or ``env<i>-<k>``."""
+    if folders is not None:
+        return folders(index, number)
+    return f"env{index}" if episodes_per_env == 1 else f"env{index}-{number}"
 
 
 class RecordInfo(Transform):
@@ -59,6 +84,23 @@ class RecordInfo(Transform):
         return observation_spec
 
 
+class SeedEachEpisode(Transform):
+    """Seeds the env before each of its resets: episode ``k`` gets ``seed + k * stride`` (with ``stride`` envs
+    playing side by side, env ``i`` started at ``seed + i`` gets the seeds Ray's runner gives it)."""
+
+    def __init__(self, seed: int, stride: int = 1):
+        super().__init__()
+        self.seed, self.stride, self.episodes = seed, stride, 0
+
+    def _reset_env_preprocess(self, tensordict: TensorDictBase | None) -> TensorDictBase | None:
+        self.parent.base_env.set_seed(self.seed + self.episodes * self.stride)
+        self.episodes += 1
+        return tensordict
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        return tensordict_reset
+
+
 @dataclass(frozen=True)
 class EnvFactory:
     """Builds the env of a task spec in whatever process calls it: ``registry.make(TaskSpec.from_dict(spec))``.
@@ -71,10 +113,14 @@ class EnvFactory:
     options: dict[str, Any] = field(default_factory=dict)
     record_info: bool = True
     index: int = 0
+    seed: int | None = None
+    """When not None, the env's episode ``k`` is seeded ``seed + k * seed_stride`` (``SeedEachEpisode``)."""
+    seed_stride: int = 1
 
     def __hash__(self) -> int:  # the fields are dicts: hash their JSON (ParallelEnv puts factories in a set)
         return hash((json.dumps(self.spec, sort_keys=True, default=str),
-                     json.dumps(self.options, sort_keys=True, default=str), self.record_info, self.index))
+                     json.dumps(self.options, sort_keys=True, default=str), self.record_info, self.index, self.seed,
+                     self.seed_stride))
 
     @classmethod
     def from_spec(cls, spec: TaskSpec | str, **options: Any) -> EnvFactory:
@@ -89,6 +135,8 @@ class EnvFactory:
         env = registry.make(TaskSpec.from_dict(self.spec), **self.options)
         if self.record_info:
             env.append_transform(RecordInfo(self.index))
+        if self.seed is not None:
+            env.append_transform(SeedEachEpisode(self.seed, self.seed_stride))
         return env
 
 
@@ -96,10 +144,14 @@ class TextPolicy(TensorDictModuleBase):
     """A TensorDict module around a text policy (``make_policy(text)``), built lazily in the process that runs it.
 
     It reads the conversation from the env's ``History`` and writes the response text; a conversation of only the
-    system and task messages starts a new episode (the text policy is reset).
+    system and task messages starts a new episode (the text policy is reset). Beside the response it writes the
+    policy's usage (``STATS_KEY``) and, when the policy gave up on the episode (``PolicyError``), why
+    (``POLICY_ERROR_KEY``; the response is then ``exit_api``). With ``episodes`` set, the episodes after that many
+    are answered with ``IDLE_RESPONSE``, without calling the policy.
     """
 
-    def __init__(self, policy: str, task_id: str | None = None, layout: str = "default"):
+    def __init__(self, policy: str, task_id: str | None = None, layout: str = "default",
+                 episodes: int | None = None):
         from .transforms.layout import get_layout
 
         super().__init__()
@@ -107,9 +159,11 @@ class TextPolicy(TensorDictModuleBase):
         self.policy_text = policy
         self.task_id = task_id
         self.layout_name = layout
+        self.episodes = episodes
         self.in_keys = [keys.history]
-        self.out_keys = [keys.response]
+        self.out_keys = [keys.response, STATS_KEY, POLICY_ERROR_KEY]
         self._policy = None
+        self._started = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -124,8 +178,20 @@ class TextPolicy(TensorDictModuleBase):
         if self._policy is None:
             self._policy = make_policy(self.policy_text, task_id=self.task_id)
         if len(messages) <= 2:
+            self._started += 1
             self._policy.reset()
-        tensordict.set(self.out_keys[0], self._policy(messages))
+        error = ""
+        if self.episodes is not None and self._started > self.episodes:
+            response = IDLE_RESPONSE
+        else:
+            try:
+                response = self._policy(messages)
+            except PolicyError as exc:
+                response, error = GAVE_UP_RESPONSE, f"{type(exc).__name__}: {exc}"
+        stats = self._policy.stats()
+        tensordict.set(self.out_keys[0], response)
+        tensordict.set(STATS_KEY, json.dumps(stats) if stats else "")
+        tensordict.set(POLICY_ERROR_KEY, error)
         return tensordict
 
 
@@ -145,8 +211,10 @@ class _Receiver:
     until shutdown) are dropped.
     """
 
-    def __init__(self, spec: TaskSpec, parser: Any, module: TextPolicy, out: Path | None, per_env: int):
+    def __init__(self, spec: TaskSpec, parser: Any, module: TextPolicy, out: Path | None, per_env: int,
+                 folders: FolderName | None = None):
         self.spec, self.parser, self.module, self.out, self.per_env = spec, parser, module, out, per_env
+        self.folders = folders
         self.current: dict[int, tuple[int, _Episode]] = {}
         self.done: dict[int, list[EpisodeResult]] = {}
         self.steps = 0
@@ -172,11 +240,20 @@ class _Receiver:
         self.steps += 1
         if turn.info is not None:
             episode.result.info = turn.info
+        stats = text_at(frame, STATS_KEY)
+        if stats:
+            episode.result.info = {**episode.result.info, "model_stats": json.loads(stats)}
+            turn.info = episode.result.info
         if episode.writer is not None:
             episode.writer.step(turn.step(), info=episode.result.info)
             messages = _messages(frame.get("next"), self.module.in_keys[0])
             if not turn.done and messages and messages[-1]["role"] == "user":
                 episode.writer.user(messages[-1]["content"])
+        error = text_at(frame, POLICY_ERROR_KEY)
+        if error:
+            episode.result.failure = error
+            if episode.writer is not None:
+                episode.writer.fail(error, info=episode.result.info)
         if turn.done:
             episode.result.finished = True
             results.append(episode.result)
@@ -187,7 +264,7 @@ class _Receiver:
     def _start(self, worker: int, number: int, frame: TensorDictBase) -> _Episode:
         writer = None
         if self.out is not None:
-            folder = f"env{worker}" if self.per_env == 1 else f"env{worker}-{number}"
+            folder = episode_folder(worker, number, self.per_env, self.folders)
             writer = TrajectoryWriter(Path(self.out) / folder, self.spec.id.replace("/", "_"),
                                       baseline=self.spec.baseline, environment=f"mlgym_registry:{self.spec.backend}")
             for message in _messages(frame, self.module.in_keys[0]):
@@ -214,30 +291,34 @@ def run_parallel(
     on_step: Callable[[int, int], None] | None = None,
     options: dict[str, Any] | None = None,
     episodes_per_env: int = 1,
+    folders: FolderName | None = None,
 ) -> list[EpisodeResult]:
     """Play ``num_envs`` episodes at once, one env per worker process, and return their results in worker order.
 
     Each worker plays ``episodes_per_env`` episodes in a row. ``out`` gets ``env<i>/<task>.traj`` and
-    ``env<i>/results.json`` per episode (``env<i>-<k>/`` with several episodes per env), saved at every step.
+    ``env<i>/results.json`` per episode (``env<i>-<k>/`` with several episodes per env, or what ``folders`` names),
+    saved at every step. Episode ``k`` of env ``i`` is seeded ``seed + k * num_envs + i``, as on Ray.
     ``on_step(finished_episodes, steps_so_far)`` is called as steps arrive.
     """
     from torchrl.collectors import Collector
     from torchrl.weight_update import NoWeightSyncScheme
 
     from .registry import registry
+    from .validation import check_option
 
     spec = registry.spec(spec)
     # the receiver reads the chain's own unbatched frames
     options = {"batch_size": (), **(options or {})}
-    factories = [EnvFactory(spec.to_dict(), dict(options), index=index) for index in range(num_envs)]
-    module = TextPolicy(policy, task_id=spec.id)
-    receiver = _Receiver(spec, registry.component(spec, "parser"), module, out, episodes_per_env)
+    check_option("seed", seed)
+    # each env seeds its own episodes, as Ray's runner seeds them (TorchRL's set_seed would derive other seeds)
+    factories = [EnvFactory(spec.to_dict(), dict(options), index=index, seed=None if seed is None else seed + index,
+                            seed_stride=num_envs) for index in range(num_envs)]
+    module = TextPolicy(policy, task_id=spec.id, episodes=episodes_per_env)
+    receiver = _Receiver(spec, registry.component(spec, "parser"), module, out, episodes_per_env, folders)
     # the text policy has no weights to send; TorchRL's default shared-memory scheme for nn.Module policies can also
     # deadlock a worker when it is garbage-collected (its __del__ starts a queue thread)
     collector = Collector(factories, module, frames_per_batch=1, total_frames=-1, num_collectors=num_envs, sync=False,
                           weight_sync_schemes={"policy": NoWeightSyncScheme()})
-    if seed is not None:
-        collector.set_seed(seed)
     try:
         for batch in collector:
             for frame in batch.reshape(-1).unbind(0):
@@ -298,6 +379,7 @@ def run_episodes(
     on_step: Callable[[int, int], None] | None = None,
     options: dict[str, Any] | None = None,
     episodes_per_env: int = 1,
+    folders: FolderName | None = None,
 ) -> list[EpisodeResult]:
     """Play ``num_envs`` episodes at once and return their results in env order.
 
@@ -311,10 +393,11 @@ def run_episodes(
         from .ray_episodes import run_ray_episodes
 
         return run_ray_episodes(spec, policy, num_envs, address=address, out=out, seed=seed, on_step=on_step,
-                                options=options, episodes_per_env=episodes_per_env, cpus_per_env=cpus_per_env)
+                                options=options, episodes_per_env=episodes_per_env, cpus_per_env=cpus_per_env,
+                                folders=folders)
     if engine != "process":
         raise InvalidOptionError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
     if address is not None or cpus_per_env is not None:
         raise InvalidOptionError("address= and cpus_per_env= are for engine='ray'; pass engine='ray' to use them")
     return run_parallel(spec, policy, num_envs, out=out, seed=seed, on_step=on_step, options=options,
-                        episodes_per_env=episodes_per_env)
+                        episodes_per_env=episodes_per_env, folders=folders)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .episode import EpisodePlayer, EpisodeResult, Turn
+from .parallel import FolderName, episode_folder
 from .specs import TaskSpec
 from .trajectories import Step, TrajectoryWriter
 
@@ -156,13 +157,14 @@ class RayEpisodeRunner:
 
     def __init__(self, spec: TaskSpec, policy: str, num_envs: int, *, out: Path | None, seed: int | None,
                  options: dict[str, Any], episodes_per_env: int, cpus_per_env: float,
-                 on_step: Callable[[int, int], None] | None, known_problems: list[str]):
+                 on_step: Callable[[int, int], None] | None, known_problems: list[str],
+                 folders: FolderName | None = None):
         import ray
 
         self.ray = ray
         self.spec, self.policy, self.out, self.seed = spec, policy, out, seed
         self.options, self.per_env, self.on_step = options, episodes_per_env, on_step
-        self.known_problems = known_problems
+        self.known_problems, self.folders = known_problems, folders
         self.worker_class = ray.remote(EpisodeWorker).options(num_cpus=cpus_per_env, scheduling_strategy="SPREAD",
                                                               max_restarts=0)
         self.slots = [_Slot(index) for index in range(num_envs)]
@@ -327,7 +329,7 @@ class RayEpisodeRunner:
     def _writer(self, slot: _Slot) -> TrajectoryWriter | None:
         if self.out is None:
             return None
-        folder = f"env{slot.index}" if self.per_env == 1 else f"env{slot.index}-{slot.number}"
+        folder = episode_folder(slot.index, slot.number, self.per_env, self.folders)
         return TrajectoryWriter(Path(self.out) / folder, self.spec.id.replace("/", "_"), baseline=self.spec.baseline,
                                 environment=f"mlgym_registry:{self.spec.backend}")
 
@@ -377,6 +379,7 @@ def run_ray_episodes(
     options: dict[str, Any] | None = None,
     episodes_per_env: int = 1,
     cpus_per_env: float | None = None,
+    folders: FolderName | None = None,
 ) -> list[EpisodeResult]:
     """Play ``num_envs`` episodes at once as Ray actors and return their results in slot order.
 
@@ -408,5 +411,5 @@ def run_ray_episodes(
                                    f"({largest:g} CPUs): no actor could ever start; ask for at most {largest:g}")
         runner = RayEpisodeRunner(spec, policy, num_envs, out=out, seed=seed, options=options,
                                   episodes_per_env=episodes_per_env, cpus_per_env=cpus_per_env, on_step=on_step,
-                                  known_problems=known)
+                                  known_problems=known, folders=folders)
         return runner.run()

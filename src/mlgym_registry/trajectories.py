@@ -207,10 +207,13 @@ class TrajectoryWriter:
             self.info = copy.deepcopy(info)
         self.save()
 
-    def fail(self, reason: str) -> None:
-        """Record that the episode failed (its worker died, the run was interrupted) and why: ``results.json`` gets
-        a ``"failed"`` entry beside the scores recorded so far."""
+    def fail(self, reason: str, info: dict[str, Any] | None = None) -> None:
+        """Record that the episode failed (its worker died, the run was interrupted, its policy gave up) and why:
+        ``results.json`` gets a ``"failed"`` entry beside the scores recorded so far (and ``info``, when given,
+        replaces the last one)."""
         self.failure = reason
+        if info is not None:
+            self.info = copy.deepcopy(info)
         self.save()
 
     def trajectory(self) -> Trajectory:

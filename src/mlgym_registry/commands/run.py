@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``run``."""
     parser.add_argument("task", help="a registered task name (see `mlgym-registry list --kind task`)")
     parser.add_argument("--policy", default="scripted",
-                        help="scripted (default), replay:PATH.traj, human, or transformers:MODEL_DIR")
+                        help="scripted (default), replay:PATH.traj, human, transformers:MODEL_DIR, or openai:MODEL "
+                        "(a model behind an OpenAI-compatible endpoint; see the openai policy's options)")
     add_episode_arguments(parser)
     parser.add_argument("--backend", default=None, help="backend name (default: the task's, usually 'local')")
     parser.add_argument("--out", default=None,
@@ -51,7 +52,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --ray: CPUs each actor asks for (default: what lets every env run at once, "
                         "at most 1)")
     add_backend_option_argument(parser)
+    add_openai_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="show only the final score")
+
+
+OPENAI_OPTIONS = ("base_url", "api_key_env", "temperature", "top_p", "max_tokens", "timeout", "max_retries",
+                  "price_in", "price_out")
+"""The ``OpenAIPolicy`` options the command line sets (``--base-url`` sets ``base_url``, and so on)."""
+
+
+def add_openai_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``--policy openai:MODEL`` (refused with any other policy)."""
+    group = parser.add_argument_group("openai policy (--policy openai:MODEL)")
+    group.add_argument("--base-url", default=None, metavar="URL",
+                       help="the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 for vLLM or transformers "
+                       "serve (default: OPENAI_BASE_URL, else OpenAI's API)")
+    group.add_argument("--api-key-env", default=None, metavar="NAME",
+                       help="the environment variable holding the API key (default: OPENAI_API_KEY)")
+    group.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the server's)")
+    group.add_argument("--top-p", type=float, default=None, help="nucleus sampling's top-p (default: the server's)")
+    group.add_argument("--max-tokens", type=cli_integer(1), default=None,
+                       help="most tokens per response (default: the server's)")
+    group.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                       help="how long each call may take (default: 300)")
+    group.add_argument("--max-retries", type=cli_integer(0), default=None,
+                       help="retries of a call after a rate limit, a server error or a dropped connection (default: 5)")
+    group.add_argument("--price-in", type=float, default=None, metavar="USD",
+                       help="price per million tokens sent, for the cost in model_stats (default: 0)")
+    group.add_argument("--price-out", type=float, default=None, metavar="USD",
+                       help="price per million tokens received (default: 0)")
+
+
+def policy_text(args: argparse.Namespace) -> str:
+    """``--policy`` with the openai policy's options attached (a ``PolicyText``), so that worker processes build the
+    same policy; ``InvalidOptionError`` when those options are given to another policy."""
+    from ..policies import PolicyText
+
+    options = {name: getattr(args, name) for name in OPENAI_OPTIONS if getattr(args, name, None) is not None}
+    if not options:
+        return args.policy
+    if args.policy.partition(":")[0] != "openai":
+        flags = ", ".join("--" + name.replace("_", "-") for name in options)
+        raise InvalidOptionError(f"{flags}: only the openai policy takes these options (--policy openai:MODEL), "
+                                 f"not --policy {args.policy}")
+    return PolicyText(args.policy, options)
 
 
 def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
 
     spec = with_changes(registry.spec(args.task), max_steps=args.max_steps, backend=args.backend,
                         training_timeout=args.training_timeout, options=backend_options(args.backend_option))
-    check_policy(args.policy)
+    check_policy(policy_text(args))
     if args.cpus_per_env is not None and not args.cpus_per_env > 0:
         raise InvalidOptionError(f"--cpus-per-env {args.cpus_per_env:g}: each actor needs a CPU share above 0 "
                                  f"(e.g. 0.5)")
@@ -126,12 +170,17 @@ def main(args: argparse.Namespace) -> int:
 
 
 def check_policy(text: str) -> None:
-    """Refuse a ``replay:PATH`` policy whose file is not a readable ``.traj`` before anything is written."""
+    """Refuse a ``replay:PATH`` policy whose file is not a readable ``.traj``, and an ``openai:MODEL`` policy whose
+    options are wrong (or whose package is missing), before anything is written."""
     kind, _, argument = text.partition(":")
     if kind == "replay" and argument:
         from .replay import load_recorded
 
         load_recorded(Path(argument))
+    if kind == "openai":
+        from ..policies import make_policy
+
+        make_policy(text)  # checks the options; nothing connects before the first call
 
 
 def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = None) -> int:
@@ -142,7 +191,7 @@ def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = N
     from ..trajectories import TrajectoryWriter
 
     stream = stream or sys.stdout
-    policy = make_policy(args.policy, task_id=spec.id)
+    policy = make_policy(policy_text(args), task_id=spec.id)
     writer = TrajectoryWriter(out, spec.id, baseline=spec.baseline, environment=f"mlgym_registry:{spec.backend}")
     if not args.quiet:
         stream.write(f"task {spec.id} on backend {spec.backend!r}, up to {spec.max_steps} steps, policy "
@@ -165,6 +214,23 @@ def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = N
     return 0 if result.finished else 1
 
 
+def check_endpoint(text: str) -> None:
+    """Check that the server of a policy that talks to one (the openai policy) answers and serves its model.
+
+    For runs in worker processes, where a policy that fails in a worker stops the whole run with that worker's
+    traceback; Ray actors are not checked from here, since the endpoint may be reachable from the cluster's nodes only.
+    """
+    from ..policies import make_policy
+
+    policy = make_policy(text)
+    try:
+        check = getattr(policy, "check_endpoint", None)
+        if check is not None:
+            check()
+    finally:
+        policy.close()
+
+
 MAX_FAILED_STATUS = 100
 """The exit status of a many-episode run is the number of episodes that did not end, capped here."""
 
@@ -175,10 +241,12 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
     from ..parallel import run_episodes
 
     engine = "process" if args.ray is None else "ray"
+    if engine == "process":
+        check_endpoint(policy_text(args))
     where = "" if engine == "process" else f" on Ray ({args.ray or 'a local runtime'})"
     bar = ProgressBar(args.num_envs, f"{spec.id}: episodes done{where}")
     try:
-        results = run_episodes(spec, args.policy, args.num_envs, engine=engine, address=args.ray or None,
+        results = run_episodes(spec, policy_text(args), args.num_envs, engine=engine, address=args.ray or None,
                                cpus_per_env=args.cpus_per_env, out=out, seed=args.seed,
                                on_step=lambda finished, steps: bar.update(finished, f"({steps} steps)"))
     finally:
@@ -186,7 +254,7 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
     for index, result in enumerate(results):
         print(f"env {index}: {printable(result.summary())}")
     print(f"wrote {out}/env<i>/{spec.id}.traj and results.json for {len(results)} episodes")
-    failed = sum(not result.finished for result in results)
+    failed = sum(not result.finished or bool(result.failure) for result in results)
     if failed:
         print(f"{failed} of {len(results)} episodes did not end")
     return min(failed, MAX_FAILED_STATUS)
@@ -223,11 +291,13 @@ class OutFolder:
     the process dies, so a killed run never blocks the folder) and checked to hold no earlier run; any of these
     failing raises ``OutFolderError``. On exit the lock file is removed, and the folder too when this run created it
     and wrote nothing. A run that finds the lock taken fails at once rather than wait: of several runs started with
-    the same ``--out`` exactly one proceeds.
+    the same ``--out`` exactly one proceeds. With ``resume`` a folder holding earlier runs is accepted (a suite
+    continues where it stopped).
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, resume: bool = False):
         self.path = Path(path)
+        self.resume = resume
         self.lock_path = self.path / LOCK_NAME
         self._fd: int | None = None
         self._created = False
@@ -243,6 +313,8 @@ class OutFolder:
         """Create, lock and check the folder (``OutFolderError`` when this run may not use it)."""
         self._make_folder()
         self._lock()
+        if self.resume:
+            return
         try:
             found = existing_run(self.path)
         except OSError as exc:
@@ -423,6 +495,7 @@ class ProgressBar:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.min_interval = 0.0 if self.tty else min_interval
         self._last = 0.0
+        self._line = ""
 
     def update(self, done: int | None = None, note: str = "", *, force: bool = False) -> None:
         """Set progress to ``done`` units (or one more) and redraw."""
@@ -434,6 +507,9 @@ class ProgressBar:
         self._last = now
         filled = int(self.width * min(self.done, self.total) / self.total)
         line = f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {self.note}"
+        if line == self._line and not self.tty:
+            return
+        self._line = line
         self.stream.write(("\r" + line) if self.tty else line + "\n")
         self.stream.flush()
 

@@ -1,22 +1,44 @@
-"""Policies: things that produce the model's text for the next turn (scripted, replay, human, transformers).
+"""Policies: things that produce the model's text for the next turn (scripted, replay, human, transformers, openai).
 
 A policy is called with the conversation so far (``[{"role", "content"}, ...]``) and returns the next response text.
-``make_policy("scripted" | "replay:PATH" | "human" | "transformers:DIR")`` builds one from a command-line string.
+``make_policy("scripted" | "replay:PATH" | "human" | "transformers:DIR" | "openai:MODEL")`` builds one from a
+command-line string; ``PolicyText`` is such a string that also carries the policy's keyword options.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .base import Policy, PolicyExhausted
+from .base import Policy, PolicyError, PolicyExhausted
 
-POLICY_KINDS = ("scripted", "replay", "human", "transformers")
+POLICY_KINDS = ("scripted", "replay", "human", "transformers", "openai")
 
-__all__ = ["POLICY_KINDS", "Policy", "PolicyExhausted", "make_policy"]
+__all__ = ["POLICY_KINDS", "Policy", "PolicyError", "PolicyExhausted", "PolicyText", "make_policy"]
+
+
+class PolicyText(str):
+    """A policy string (``"openai:MODEL"``) with the keyword options to build it with.
+
+    It goes wherever a policy string goes (worker processes, Ray actors: it pickles with its options) and
+    ``make_policy`` builds the policy with those options, so no live client ever has to travel.
+    """
+
+    options: dict[str, Any]
+
+    def __new__(cls, text: str, options: dict[str, Any] | None = None) -> PolicyText:
+        self = super().__new__(cls, text)
+        self.options = dict(options or {})
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return PolicyText, (str(self), self.options)
 
 
 def make_policy(text: str, *, task_id: str | None = None, **options: Any) -> Policy:
-    """Build a policy from ``"scripted"``, ``"replay:PATH.traj"``, ``"human"`` or ``"transformers:MODEL_DIR"``."""
+    """Build a policy from ``"scripted"``, ``"replay:PATH.traj"``, ``"human"``, ``"transformers:MODEL_DIR"`` or
+    ``"openai:MODEL"`` (``options``: ``OpenAIPolicy``'s, e.g. ``base_url=``); a ``PolicyText``'s own options are used
+    too, under those given here."""
+    options = {**getattr(text, "options", {}), **options}
     kind, _, argument = text.partition(":")
     if kind == "scripted":
         from .scripted import ScriptedPolicy
@@ -26,6 +48,8 @@ def make_policy(text: str, *, task_id: str | None = None, **options: Any) -> Pol
         from .human import HumanPolicy
 
         return HumanPolicy(**options)
+    if kind == "openai" and not argument:
+        raise ValueError("policy 'openai' needs a model name: --policy openai:MODEL (e.g. openai:gpt-4o)")
     if kind in ("replay", "transformers") and not argument:
         raise ValueError(f"policy {kind!r} needs a path: --policy {kind}:{'PATH.traj' if kind == 'replay' else 'DIR'}")
     if kind == "replay":
@@ -36,4 +60,9 @@ def make_policy(text: str, *, task_id: str | None = None, **options: Any) -> Pol
         from .transformers import TransformersPolicy
 
         return TransformersPolicy(argument, **options)
-    raise ValueError(f"unknown policy {text!r}; choose one of: scripted, replay:PATH, human, transformers:DIR")
+    if kind == "openai":
+        from .openai import OpenAIPolicy
+
+        return OpenAIPolicy(argument, **options)
+    raise ValueError(f"unknown policy {str(text)!r}; choose one of: scripted, replay:PATH, human, transformers:DIR, "
+                     f"openai:MODEL")

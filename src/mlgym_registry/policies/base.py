@@ -21,6 +21,11 @@ class PolicyExhausted(MLGymRegistryError):
     """The policy has no further response (a replayed trajectory ran out of recorded steps)."""
 
 
+class PolicyError(MLGymRegistryError):
+    """The policy cannot produce a response and retrying will not help (its model server is unreachable, refuses the
+    key or does not serve the model); the message names the endpoint or the model, and the fix."""
+
+
 class Policy:
     """Base class of policies. Subclasses implement ``respond``; ``reset`` starts a new episode."""
 
@@ -37,6 +42,11 @@ class Policy:
 
     def __call__(self, messages: Messages) -> str:
         return self.respond(messages)
+
+    def stats(self) -> dict[str, Any] | None:
+        """Usage of the model in this episode (MLGym's ``model_stats``: calls, tokens, cost), or None when the policy
+        keeps none. The episode records it in its ``info["model_stats"]``."""
+        return None
 
     def close(self) -> None:
         """Release whatever the policy holds (models, files)."""

@@ -1,0 +1,121 @@
+"""``mlgym-registry bench TASK... --policy P --runs K --out DIR``: K runs of each task, in MLGym's layout.
+
+Each run is written to ``DIR/<model>__<task>__run_<k>/`` (``<task>.traj`` and ``results.json``) as it goes. The same
+command again skips the runs that finished and plays the others from scratch, so an interrupted suite resumes where
+it stopped. ``mlgym-registry report DIR`` turns the folder into MLGym's tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ..terminal import printable
+from ..validation import cli_integer
+from .run import (
+    MAX_FAILED_STATUS,
+    OutFolder,
+    ProgressBar,
+    add_backend_option_argument,
+    add_episode_arguments,
+    backend_options,
+    check_policy,
+    with_changes,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``bench``."""
+    parser.add_argument("tasks", nargs="+", metavar="TASK", help="registered task names")
+    parser.add_argument("--policy", default="scripted",
+                        help="scripted (default), replay:PATH.traj, transformers:MODEL_DIR or openai:MODEL")
+    parser.add_argument("--runs", type=cli_integer(1), default=4, help="runs per task (default 4, as MLGym)")
+    parser.add_argument("--out", required=True,
+                        help="the suite's folder; running again with the same folder resumes the suite")
+    parser.add_argument("--model-name", default=None,
+                        help="the model's name in folder names and reports (default: from --policy)")
+    add_episode_arguments(parser)
+    parser.add_argument("--num-envs", type=cli_integer(1), default=1,
+                        help="runs to play at once, in worker processes (or Ray actors with --ray)")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="play the runs as Ray actors: on the cluster at ADDRESS, or on a local runtime when no "
+                        "ADDRESS is given (needs: pip install 'mlgym-registry[ray]')")
+    add_backend_option_argument(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Play the suite's unfinished runs; the exit status is the number of runs that did not end (0 when all did)."""
+    from ..evaluation import suite
+    from ..registry import registry
+
+    options = backend_options(args.backend_option)
+    specs = [with_changes(registry.spec(task), max_steps=args.max_steps, training_timeout=args.training_timeout,
+                          options=options) for task in dict.fromkeys(args.tasks)]
+    check_policy(args.policy)
+    model = suite.safe_name(args.model_name) if args.model_name else suite.model_name(args.policy)
+    engine = None
+    if args.ray is not None:
+        from ..ray_runtime import import_ray
+
+        import_ray()
+        engine = "ray"
+    elif args.num_envs > 1:
+        engine = "process"
+    out = Path(args.out)
+    runs = suite.plan(specs, model, args.runs, out)
+    bar = None if args.quiet else SuiteBar(len(runs), f"{model}: runs done")
+    with OutFolder(out, resume=True):
+        if engine == "ray":
+            from ..ray_runtime import ray_session
+
+            with ray_session(args.ray or None):
+                progress, played = suite.play(runs, args.policy, num_envs=args.num_envs, engine=engine,
+                                              address=args.ray or None, seed=args.seed, on_progress=bar)
+        else:
+            progress, played = suite.play(runs, args.policy, num_envs=args.num_envs, engine=engine, seed=args.seed,
+                                          on_progress=bar)
+    if bar is not None:
+        bar.close()
+    for run, result in played:
+        print(f"{run.folder.name}: {printable(result.summary())}")
+    print(f"{progress.total} runs in {out}: {progress.skipped} already finished, {progress.done} played now"
+          + (f", {progress.failed} did not end" if progress.failed else ""))
+    print(f"summarise them with: mlgym-registry report {out} --out {out}/report")
+    return min(progress.failed, MAX_FAILED_STATUS)
+
+
+class SuiteBar:
+    """The progress bar of a suite: runs over, steps, the last scores and an estimate of the time left."""
+
+    def __init__(self, total: int, label: str):
+        self.bar = ProgressBar(total, label)
+        self.started = time.monotonic()
+        self.skipped: int | None = None
+
+    def __call__(self, progress) -> None:
+        if self.skipped is None:
+            self.skipped = progress.skipped
+        played = progress.finished - self.skipped
+        left = progress.total - progress.finished
+        if played and left:
+            per_run = (time.monotonic() - self.started) / played
+            eta = f", about {_duration(per_run * left)} left"
+        else:
+            eta = ""
+        scores = f"; last: {', '.join(progress.last_scores)}" if progress.last_scores else ""
+        self.bar.update(progress.finished, printable(f"({progress.steps} steps{eta}{scores})"))
+
+    def close(self) -> None:
+        """Finish the bar's line."""
+        self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
