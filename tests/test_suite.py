@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlgym_registry.cli import main
-from mlgym_registry.evaluation.suite import batches, model_name, plan, run_finished, safe_name
+from mlgym_registry.evaluation.suite import batches, plan, policy_model_name, run_finished, safe_name
 from mlgym_registry.registry import registry
 
 
@@ -17,10 +17,10 @@ def scores(folder: Path) -> list[dict[str, float]]:
 
 
 def test_model_names_come_from_the_policy_and_fit_in_one_folder_field():
-    assert model_name("openai:meta-llama/Llama-3.1-8B") == "meta-llama-Llama-3.1-8B"
-    assert model_name("transformers:/ckpt/tiny-model/") == "tiny-model"
-    assert model_name("replay:/runs/x/blotto.traj") == "replay-blotto"
-    assert model_name("scripted") == "scripted"
+    assert policy_model_name("openai:meta-llama/Llama-3.1-8B") == "meta-llama-Llama-3.1-8B"
+    assert policy_model_name("transformers:/ckpt/tiny-model/") == "tiny-model"
+    assert policy_model_name("replay:/runs/x/blotto.traj") == "replay-blotto"
+    assert policy_model_name("scripted") == "scripted"
     assert safe_name("my__model v2") == "my_model-v2"  # "__" separates the folder name's fields
     with pytest.raises(ValueError, match="--model-name"):
         safe_name("//")

@@ -23,6 +23,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("mlgym_registry.commands.run", "run an episode of a task with a policy and record it"),
     "replay": ("mlgym_registry.commands.replay", "replay a recorded MLGym .traj through our env and report"),
     "check": ("mlgym_registry.commands.check", "check a task: files, evaluator, baseline"),
+    "report": ("mlgym_registry.commands.report", "tables, ranks and AUP over recorded runs, as MLGym publishes them"),
+    "bench": ("mlgym_registry.commands.bench", "play K runs of each task with a policy, in MLGym's layout (resumable)"),
 }
 """Sub-commands that live in their own modules, each with ``add_arguments(parser)`` and ``main(args) -> int``.
 A module is imported only when its command is the one asked for, so ``list`` stays fast."""

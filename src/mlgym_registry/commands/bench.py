@@ -19,8 +19,11 @@ from .run import (
     ProgressBar,
     add_backend_option_argument,
     add_episode_arguments,
+    add_openai_arguments,
     backend_options,
+    check_endpoint,
     check_policy,
+    policy_text,
     with_changes,
 )
 
@@ -42,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="play the runs as Ray actors: on the cluster at ADDRESS, or on a local runtime when no "
                         "ADDRESS is given (needs: pip install 'mlgym-registry[ray]')")
     add_backend_option_argument(parser)
+    add_openai_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -53,8 +57,9 @@ def main(args: argparse.Namespace) -> int:
     options = backend_options(args.backend_option)
     specs = [with_changes(registry.spec(task), max_steps=args.max_steps, training_timeout=args.training_timeout,
                           options=options) for task in dict.fromkeys(args.tasks)]
-    check_policy(args.policy)
-    model = suite.safe_name(args.model_name) if args.model_name else suite.model_name(args.policy)
+    policy = policy_text(args)
+    check_policy(policy)
+    model = suite.safe_name(args.model_name) if args.model_name else suite.policy_model_name(args.policy)
     engine = None
     if args.ray is not None:
         from ..ray_runtime import import_ray
@@ -65,16 +70,18 @@ def main(args: argparse.Namespace) -> int:
         engine = "process"
     out = Path(args.out)
     runs = suite.plan(specs, model, args.runs, out)
+    if engine != "ray":  # Ray actors may reach an endpoint that this machine cannot
+        check_endpoint(policy)
     bar = None if args.quiet else SuiteBar(len(runs), f"{model}: runs done")
     with OutFolder(out, resume=True):
         if engine == "ray":
             from ..ray_runtime import ray_session
 
             with ray_session(args.ray or None):
-                progress, played = suite.play(runs, args.policy, num_envs=args.num_envs, engine=engine,
+                progress, played = suite.play(runs, policy, num_envs=args.num_envs, engine=engine,
                                               address=args.ray or None, seed=args.seed, on_progress=bar)
         else:
-            progress, played = suite.play(runs, args.policy, num_envs=args.num_envs, engine=engine, seed=args.seed,
+            progress, played = suite.play(runs, policy, num_envs=args.num_envs, engine=engine, seed=args.seed,
                                           on_progress=bar)
     if bar is not None:
         bar.close()

@@ -25,7 +25,7 @@ RUN_FOLDER = re.compile(r"^(?P<model>.+?)__(?P<task>.+)__run_(?P<number>\d+)$")
 """``<model>__<task>__run_<k>``: the folder of one run."""
 
 
-def model_name(policy: str) -> str:
+def policy_model_name(policy: str) -> str:
     """The model a policy string stands for, fit for a folder name: ``openai:org/m`` -> ``org-m``,
     ``transformers:/ckpt/tiny`` -> ``tiny``, ``replay:run.traj`` -> ``replay-run``, ``scripted`` -> ``scripted``."""
     kind, _, argument = policy.partition(":")
@@ -195,8 +195,9 @@ def _play_here(run: SuiteRun, policy_text: str, seed: int | None, options: dict[
     try:
         return run_episode(env, policy, spec=run.spec, writer=writer, on_turn=on_turn, seed=seed)
     except BaseException as exc:  # the files stay valid and say why the run ended early; a later run redoes it
-        writer.fail("interrupted before the episode ended" if isinstance(exc, KeyboardInterrupt)
-                    else f"{type(exc).__name__}: {exc}")
+        if not writer.failure:  # the episode records a policy's failure itself
+            writer.fail("interrupted before the episode ended" if isinstance(exc, KeyboardInterrupt)
+                        else f"{type(exc).__name__}: {exc}")
         raise
     finally:
         env.close()

@@ -1,0 +1,229 @@
+"""Finding recorded runs in folders and reading what a leaderboard needs from them.
+
+Two layouts are read:
+
+- MLGym's (and ``bench``'s): one folder per run, named ``<model>__<task>__...``, holding ``results.json`` and
+  ``<task>.traj``. The model is the folder name's first ``__`` field (MLGym's ``metagen-`` prefix dropped), the task
+  the ``.traj`` file's name (else the folder name's second field).
+- flat: ``<task>/<model>_run<k>.traj`` beside ``<model>_run<k>.results.json`` (the task is the folder's name).
+
+Scores come from ``results.json`` alone (``{"agent": [metric dicts], "baseline": {...}}``, plus ``"failed"`` when
+our recorder gave up on the episode). A ``.traj`` can be megabytes, so only its end is read, for ``info.exit_status``;
+it is parsed whole only when its end does not look like the end of a JSON object, to tell whether it is corrupt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from .tasks import model_name
+
+RESULTS = "results.json"
+FLAT_RESULTS = ".results.json"
+TRAJ = ".traj"
+TAIL_BYTES = 65536
+_RUN_SUFFIX = re.compile(r"_run[-_]?\d+$")
+_EXIT_STATUS = re.compile(rb'"exit_status"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class BadFile:
+    """A file that could not be used, and why."""
+
+    path: Path
+    reason: str
+
+
+@dataclass
+class Run:
+    """One recorded run: who played which task, and its ``results.json`` content (None when absent or unreadable)."""
+
+    label: str
+    model: str
+    task: str
+    results_path: Path | None
+    traj_path: Path | None
+    results: dict[str, Any] | None = None
+    unreadable: str | None = None
+    exit_status: str | None = None
+
+    @property
+    def failed(self) -> str | None:
+        """Why our recorder gave up on this run (``results.json``'s ``"failed"``), None for a run that did not fail."""
+        if self.results is None or not self.results.get("failed"):
+            return None
+        return str(self.results["failed"])
+
+    @cached_property
+    def attempts(self) -> list[dict[str, float]]:
+        """The agent's metric dicts in order (every validate, then the submission), finite numbers only."""
+        if self.results is None:
+            return []
+        return [clean_metrics(entry) for entry in self.results.get("agent") or [] if isinstance(entry, dict)]
+
+    @cached_property
+    def baseline(self) -> dict[str, float]:
+        """The baseline metric dict recorded with the run ({} when none)."""
+        base = (self.results or {}).get("baseline")
+        return clean_metrics(base) if isinstance(base, dict) else {}
+
+
+@dataclass
+class RunSet:
+    """Every run found under some folders, and the files that could not be read."""
+
+    runs: list[Run] = field(default_factory=list)
+    bad_files: list[BadFile] = field(default_factory=list)
+
+
+def clean_metrics(entry: dict[str, Any]) -> dict[str, float]:
+    """The finite numeric values of a metric dict (booleans, strings, NaN and infinities left out)."""
+    out = {}
+    for key, value in entry.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[str(key)] = float(value)
+    return out
+
+
+def find_runs(folders: Iterable[str | Path]) -> RunSet:
+    """Every run under ``folders`` (searched recursively), read; each unreadable file is listed in ``bad_files``.
+
+    ``FileNotFoundError`` when a folder does not exist.
+    """
+    found = RunSet()
+    seen: set[Path] = set()
+    for folder in folders:
+        root = Path(folder)
+        if not root.is_dir():
+            if not root.exists():
+                raise FileNotFoundError(f"{str(root)!r} does not exist")
+            raise NotADirectoryError(f"{str(root)!r} is not a folder of runs")
+        for run in _walk(root):
+            key = Path(run.label).resolve()
+            if key in seen:  # the same folder given twice, or inside another one given
+                continue
+            seen.add(key)
+            _read(run, found.bad_files)
+            found.runs.append(run)
+    found.runs.sort(key=lambda r: (r.task, r.model, r.label))
+    return found
+
+
+def _walk(root: Path) -> Iterator[Run]:
+    for here, dirs, files in os.walk(root):
+        dirs.sort()
+        folder = Path(here)
+        names = set(files)
+        trajs = sorted(n for n in names if n.endswith(TRAJ))
+        if RESULTS in names or (trajs and "__" in folder.name):
+            dirs.clear()  # a run folder holds nothing else of ours
+            yield _folder_run(folder, trajs, RESULTS in names)
+            continue
+        stems = {n[: -len(TRAJ)] for n in trajs} | {n[: -len(FLAT_RESULTS)] for n in names if n.endswith(FLAT_RESULTS)}
+        for stem in sorted(stems):
+            traj, results = folder / (stem + TRAJ), folder / (stem + FLAT_RESULTS)
+            yield Run(
+                label=str(folder / stem),
+                model=model_name(_RUN_SUFFIX.sub("", stem.split("__")[0])),
+                task=folder.name or folder.resolve().name,
+                results_path=results if results.name in names else None,
+                traj_path=traj if traj.name in names else None,
+            )
+
+
+def _folder_run(folder: Path, trajs: list[str], has_results: bool) -> Run:
+    fields = folder.name.split("__")
+    task = fields[1] if len(fields) > 1 else folder.name
+    if len(trajs) == 1:
+        task = trajs[0][: -len(TRAJ)]
+    traj = next((t for t in trajs if t == task + TRAJ), trajs[0] if trajs else None)
+    return Run(
+        label=str(folder),
+        model=model_name(fields[0]),
+        task=task,
+        results_path=folder / RESULTS if has_results else None,
+        traj_path=folder / traj if traj else None,
+    )
+
+
+def _read(run: Run, bad_files: list[BadFile]) -> None:
+    if run.results_path is not None:
+        try:
+            data = json.loads(run.results_path.read_bytes())
+        except (OSError, ValueError) as exc:
+            run.unreadable = _reason(exc)
+        else:
+            problem = _results_problem(data)
+            if problem:
+                run.unreadable = problem
+            else:
+                run.results = data
+        if run.unreadable:
+            bad_files.append(BadFile(run.results_path, run.unreadable))
+    if run.traj_path is not None:
+        status, problem = read_exit_status(run.traj_path)
+        run.exit_status = status
+        if problem:
+            bad_files.append(BadFile(run.traj_path, problem))
+
+
+def _results_problem(data: Any) -> str | None:
+    if not isinstance(data, dict):
+        return f"holds a JSON {type(data).__name__}, not an object with 'agent' and 'baseline'"
+    if "agent" in data and data["agent"] is not None and not isinstance(data["agent"], list):
+        return f"'agent' is a {type(data['agent']).__name__}, not a list of metric dicts"
+    if "baseline" in data and data["baseline"] is not None and not isinstance(data["baseline"], dict):
+        return f"'baseline' is a {type(data['baseline']).__name__}, not a metric dict"
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "is not UTF-8 text"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, OSError):
+        return f"cannot be read ({exc.strerror or exc})"
+    return str(exc)
+
+
+def read_exit_status(path: Path) -> tuple[str | None, str | None]:
+    """(``info.exit_status`` of a ``.traj`` or None, why the file is unusable or None), reading only its end.
+
+    MLGym writes ``info`` last, so its ``exit_status`` is in the file's last bytes. The whole file is parsed only when
+    it does not start with ``{`` and end with ``}``, to report it as corrupt.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64).lstrip()
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - TAIL_BYTES))
+            tail = handle.read()
+    except OSError as exc:
+        return None, _reason(exc)
+    if not (head.startswith(b"{") and tail.rstrip().endswith(b"}")):
+        try:
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            return None, _reason(exc)
+        if not isinstance(data, dict):
+            return None, f"holds a JSON {type(data).__name__}, not a trajectory object"
+        info = data.get("info")
+        status = info.get("exit_status") if isinstance(info, dict) else None
+        return (str(status) if status is not None else None), None
+    matches = list(_EXIT_STATUS.finditer(tail))
+    if not matches:
+        return None, None
+    try:
+        return json.loads(b'"' + matches[-1].group(1) + b'"'), None
+    except ValueError:
+        return None, None
