@@ -76,3 +76,20 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
     return subprocess.run(
         [sys.executable, "-m", "mlgym_registry.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
     )
+
+
+
+@pytest.fixture(scope="session", autouse=True)
+def background_replays(request, tmp_path_factory):
+    """Replays of the recorded MLGym runs that ``test_replay.py`` checks, started when the session starts and run in
+    the background at the lowest priority (see ``background_replays.py``); ``{}`` when no such test is selected."""
+    import background_replays as replays
+
+    paths = [item.callspec.params["path"] for item in request.session.items
+             if getattr(item, "originalname", None) == replays.TEST_NAME]
+    if not paths:
+        yield {}
+        return
+    pool, runs = replays.start(paths, tmp_path_factory)
+    yield runs
+    pool.shutdown(wait=True, cancel_futures=True)

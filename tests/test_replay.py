@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -95,51 +92,10 @@ def test_replay_works_on_a_task_registered_from_a_spec(tmp_path):
     assert report.task == "pdCopy" and report.our_exit_status == "submitted" and not report.warnings
 
 
-EVALUATION_CAP = 3
-"""Seconds an evaluation may take in these replays: a game's evaluation takes about 1 s here, two at once (3x
-headroom), while a replayed strategy that never ends costs the whole cap at every validate."""
-
-
-def expected_cost(path: Path) -> int:
-    """A rough rank of how long replaying a recorded run takes: its evaluations (``validate`` and the final one)
-    dominate, each up to the evaluation cap."""
-    steps = load_traj(path).steps
-    return 10 * (1 + sum((step.action or "").strip() == "validate" for step in steps)) + len(steps)
-
-
-def replay_workers() -> int:
-    """How many recorded runs replay at once: one per core. A replay mostly waits on its evaluations, each a pair of
-    processes that take turns (the evaluator and the agent's code), so about one core each; more at once would slow
-    the evaluations against their cap (``EVALUATION_CAP``) and change what the replays see."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-@pytest.fixture(scope="module")
-def recorded_replays(request, tmp_path_factory):
-    """Every selected recorded run, replayed in a pool of processes (started on first use, longest runs first);
-    ``{path: (out_folder, future)}``. A run that is not one of our tasks has no future: its test skips as
-    ``default_task`` says."""
-    selected = [item.callspec.params["path"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_every_recorded_mlgym_run_replays_and_is_reported"]
-    pool = ProcessPoolExecutor(max_workers=min(replay_workers(), len(selected) or 1),
-                               mp_context=multiprocessing.get_context("spawn"))
-    runs = {}
-    for path in sorted(selected, key=expected_cost, reverse=True):
-        out = tmp_path_factory.mktemp(f"replay-{path.parent.name}-{path.stem}")
-        try:
-            task, warnings = default_task(path, load_traj(path).environment)
-        except SystemExit:
-            runs[path] = (out, None)
-            continue
-        # replayed edits can land on other lines than in MLGym's starter files and make a strategy that never ends:
-        # a short evaluation timeout keeps such a replay short
-        future = pool.submit(replay, path, task, out, seed=0, warnings=warnings, training_timeout=EVALUATION_CAP)
-        runs[path] = (out, future)
-    yield runs
-    pool.shutdown(wait=True, cancel_futures=True)
+@pytest.fixture
+def recorded_replays(background_replays):
+    """The session's replays of the recorded runs (``background_replays.py``), started with the session."""
+    return background_replays
 
 
 @pytest.mark.slow
