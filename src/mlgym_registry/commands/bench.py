@@ -18,11 +18,13 @@ from .run import (
     OutFolder,
     ProgressBar,
     add_backend_option_argument,
+    add_component_arguments,
     add_episode_arguments,
     add_openai_arguments,
     backend_options,
     check_endpoint,
     check_policy,
+    component_choices,
     policy_text,
     with_changes,
 )
@@ -45,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="play the runs as Ray actors: on the cluster at ADDRESS, or on a local runtime when no "
                         "ADDRESS is given (needs: pip install 'mlgym-registry[ray]')")
     add_backend_option_argument(parser)
+    add_component_arguments(parser)
     add_openai_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -56,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
 
     options = backend_options(args.backend_option)
     specs = [with_changes(registry.spec(task), max_steps=args.max_steps, training_timeout=args.training_timeout,
-                          options=options) for task in dict.fromkeys(args.tasks)]
+                          options=options, components=component_choices(args)) for task in dict.fromkeys(args.tasks)]
     policy = policy_text(args)
     check_policy(policy)
     model = suite.safe_name(args.model_name) if args.model_name else suite.policy_model_name(args.policy)

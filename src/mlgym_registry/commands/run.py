@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --ray: CPUs each actor asks for (default: what lets every env run at once, "
                         "at most 1)")
     add_backend_option_argument(parser)
+    add_component_arguments(parser)
     add_openai_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="show only the final score")
 
@@ -106,6 +107,22 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seed for the backend and the evaluator (an integer >= 0)")
 
 
+COMPONENT_OPTIONS = ("parser", "template", "reward", "isolator")
+"""The task's components the command line can swap (``--parser NAME`` and so on)."""
+
+
+def add_component_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--parser``, ``--template``, ``--reward`` and ``--isolator``: another registered component than the task's."""
+    group = parser.add_argument_group("components (default: the task's own; see `mlgym-registry list --kind KIND`)")
+    for kind in COMPONENT_OPTIONS:
+        group.add_argument(f"--{kind}", default=None, metavar="NAME", help=f"a registered {kind} to use instead")
+
+
+def component_choices(args: argparse.Namespace) -> dict[str, str]:
+    """The components the command line swapped in (``{"parser": "tagged"}``)."""
+    return {kind: getattr(args, kind) for kind in COMPONENT_OPTIONS if getattr(args, kind, None)}
+
+
 def add_backend_option_argument(parser: argparse.ArgumentParser) -> None:
     """``--training-timeout`` and ``-o KEY=VALUE`` (a backend option, repeatable; the value is read as JSON when it
     parses, else as text)."""
@@ -132,12 +149,15 @@ def backend_options(pairs: list[str]) -> dict[str, object]:
 
 
 def with_changes(spec: TaskSpec, *, max_steps: int | None = None, backend: str | None = None,
-                 training_timeout: int | None = None, options: dict[str, Any] | None = None) -> TaskSpec:
-    """``spec`` with the command line's changes, checked the way ``registry.make`` checks them (nothing is built)."""
+                 training_timeout: int | None = None, options: dict[str, Any] | None = None,
+                 components: dict[str, str] | None = None) -> TaskSpec:
+    """``spec`` with the command line's changes, checked the way ``registry.make`` checks them (nothing is built):
+    an unknown component name fails here, with the names registered for its kind."""
     from ..registry import registry
 
     changes: dict[str, Any] = {key: value for key, value in (("max_steps", max_steps), ("backend", backend),
                                                              ("training_timeout", training_timeout)) if value}
+    changes.update(components or {})
     if options:
         changes["backend_options"] = {**spec.backend_options, **options}
     if changes:
@@ -151,7 +171,8 @@ def main(args: argparse.Namespace) -> int:
     from ..registry import registry
 
     spec = with_changes(registry.spec(args.task), max_steps=args.max_steps, backend=args.backend,
-                        training_timeout=args.training_timeout, options=backend_options(args.backend_option))
+                        training_timeout=args.training_timeout, options=backend_options(args.backend_option),
+                        components=component_choices(args))
     check_policy(policy_text(args))
     if args.cpus_per_env is not None and not args.cpus_per_env > 0:
         raise InvalidOptionError(f"--cpus-per-env {args.cpus_per_env:g}: each actor needs a CPU share above 0 "
