@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import (
     BackendUnavailable,
+    ComponentOutputError,
     DuplicateNameError,
     FormatError,
     InvalidOverrideError,
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailable",
+    "ComponentOutputError",
     "ComponentSpec",
     "DuplicateNameError",
     "FormatError",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import FormatError
+from .output_checks import checked_parser
 from .policies.base import Policy, PolicyExhausted
 from .specs import TaskSpec
 from .trajectories import Step, TrajectoryWriter
@@ -215,7 +216,7 @@ class EpisodePlayer:
         td = self.env.step(self._td)
         elapsed = time.monotonic() - started
         after = td["next"]
-        thought, action, observation, format_error = parse_turn(self.base.task.parser, response, after,
+        thought, action, observation, format_error = parse_turn(checked_parser(self.base.task), response, after,
                                                                 layout.observation)
         info = self._with_model_stats(self.base.last_info)
         if info is not None:

@@ -96,3 +96,20 @@ class BackendUnavailable(MLGymRegistryError, RuntimeError):
 class PolicyOutputError(MLGymRegistryError, ValueError):
     """A step's input is not what the env's input mode reads (no response, or one of the wrong type); the message
     names the key, the mode and the fix."""
+
+
+class ComponentOutputError(MLGymRegistryError):
+    """A component (parser, action isolator, reward assigner, template set) gave the chain something its contract
+    does not allow. The message names the kind, the registered name and where it came from, the bad value and the
+    contract, e.g. ``reward assigner 'shaped' (from mlgym-registry-example) returned nan; a reward assigner must
+    return a finite float``. Raised where the chain calls the component (see ``output_checks``). On purpose not a
+    ``ValueError``: ``FormatError`` is one, and a broken component must not pass for a malformed response."""
+
+    LABELS = {"parser": "parser", "isolator": "action isolator", "reward": "reward assigner",
+              "template": "template set"}
+
+    def __init__(self, kind: str, name: str, origin: str, problem: str, contract: str, value: object = None):
+        self.kind, self.name, self.origin, self.problem, self.contract, self.value = (
+            kind, name, origin, problem, contract, value
+        )
+        super().__init__(f"{self.LABELS.get(kind, kind)} {name!r} ({origin}) {problem}; {contract}")

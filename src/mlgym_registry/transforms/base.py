@@ -8,6 +8,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import Transform
 
+from .. import output_checks
 from ..components.template_set import TemplateSet
 from .backend_env import BackendEnv, task_fields
 from .layout import Layout
@@ -93,6 +94,12 @@ class ChainTransform(Transform):
     def templates(self) -> TemplateSet:
         """The current task's template set."""
         return template_set(self.base.task.template)
+
+    def render_template(self, template: Any, fields: dict[str, Any], *, what: str) -> str:
+        """``format_template`` of one of the current task's templates, checked to be a string (``output_checks``)."""
+        if output_checks.ENABLED and not isinstance(template, str):
+            output_checks.check_template_text(template, self.base.task, what)
+        return format_template(template, fields, what=what)
 
     def template_fields(self) -> dict[str, Any]:
         """Task fields plus ``command_docs`` and the tools' env variables: what every template may use.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tensordict import TensorDictBase
 from torchrl.data import Composite
 
-from .base import ChainTransform, format_template
+from .base import ChainTransform
 from .history import history_from, history_spec, message
 from .layout import set_entry, set_spec
 
@@ -22,7 +22,7 @@ class ResetModule(ChainTransform):
         base = self.base
         base.tools = base.backend.install_tools()
         base.fields = None
-        system = format_template(self.templates.system_template, self.template_fields(), what="system_template")
+        system = self.render_template(self.templates.system_template, self.template_fields(), what="system_template")
         set_entry(tensordict_reset, self.layout.history, history_from([message("system", system, base.device)]))
         return tensordict_reset
 

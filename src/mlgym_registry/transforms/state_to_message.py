@@ -14,8 +14,9 @@ from typing import Any
 from tensordict import TensorDictBase
 from torchrl.data import Composite, NonTensor
 
+from .. import output_checks
 from ..components.templates import format_error_message
-from .base import FORMAT_ERROR_KEY, ChainTransform, format_template, is_retry, text_of
+from .base import FORMAT_ERROR_KEY, ChainTransform, is_retry, text_of
 
 
 class _KeepUnknown(dict):
@@ -44,9 +45,9 @@ class StateToMessage(ChainTransform):
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         templates = self.templates
         fields = self._fields(text_of(tensordict_reset.get(self.layout.state)), "")
-        parts = [format_template(templates.task_template, fields, what="task_template")]
+        parts = [self.render_template(templates.task_template, fields, what="task_template")]
         if templates.strategy_template:
-            parts.append(format_template(templates.strategy_template, fields, what="strategy_template"))
+            parts.append(self.render_template(templates.strategy_template, fields, what="strategy_template"))
         tensordict_reset.set(self.layout.message, "\n".join(parts))
         return tensordict_reset
 
@@ -58,14 +59,21 @@ class StateToMessage(ChainTransform):
             fields = self._fields(text_of(next_tensordict.get(self.layout.state)), observation)
             templates = self.templates
             if observation.strip():
-                message = format_template(templates.next_step, fields, what="next_step_template")
+                message = self.render_template(templates.next_step, fields, what="next_step_template")
             else:
-                message = format_template(templates.next_step_no_output, fields, what="next_step_no_output_template")
+                message = self.render_template(templates.next_step_no_output, fields,
+                                               what="next_step_no_output_template")
         next_tensordict.set(self.layout.message, message)
         return next_tensordict
 
     def _format_error(self, error: str) -> str:
-        text = format_error_message(self.templates, self.base.task.parser)
+        templates = self.templates
+        text = format_error_message(templates, self.base.task.parser)
+        if output_checks.ENABLED and not isinstance(text, str):
+            kind = "template" if templates.format_error_template else "parser"
+            raise output_checks.fail(kind, self.base.task, f"gave {output_checks.short_repr(text)} as its format-error "
+                                     "text", "the format-error text (format_error_template, or a parser's "
+                                     "format_error_message) must be a string", text)
         try:
             return text.format_map(_KeepUnknown(self.template_fields(), error=error))
         except (ValueError, IndexError, AttributeError):  # literal braces (code examples): the text is meant as is

@@ -1,0 +1,229 @@
+"""Checked component outputs: the chain checks what each component returns where it calls it.
+
+- parser: a pair ``(thought, action)`` of two strings (a tuple or a list), or ``FormatError`` ("no action").
+- action isolator: the action, a string (or ``FormatError``).
+- reward assigner: a finite number: a ``float``, an ``int``, any ``numbers.Real`` (numpy's scalars are), or a
+  tensor/array holding exactly one real value; a ``bool`` is refused (it is almost always a predicate returned by
+  mistake: return ``float(ok)``). And the ``info`` it was given must be the same afterwards: same keys, same values,
+  the same ``score`` list with the same metric dicts (compared shallowly: one level into ``info`` and into each of
+  ``info["score"]``'s dicts; a shallow copy of those is taken before the call, a few dozen objects at most).
+- template set: the templates the chain renders (and the format-error text) are strings.
+
+A violation raises ``ComponentOutputError``, which names the kind, the registered name, the distribution that
+registered it, the bad value and the contract. The checks cost a few isinstance calls per step (``bench/
+bench_output_checks.py`` measures them); ``ENABLED`` turns them off, for that benchmark only.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from .errors import ComponentOutputError
+
+ENABLED = True
+"""Whether the chain checks component outputs. On by default; the benchmark turns it off to measure the cost."""
+
+CONTRACTS = {
+    "parser": "a parser must return a pair (thought, action) of two strings, or raise FormatError when the response "
+              "holds no action",
+    "isolator": "an action isolator must return the action as a string, or raise FormatError when the response holds "
+                "no action",
+    "reward": "a reward assigner must return a finite float (an int, a numpy number or a one-element tensor will do; "
+              "a bool will not)",
+    "reward_info": "a reward assigner must not change the info it is given (copy it first)",
+    "template": "a template set's templates must be strings (str.format templates) and render to strings",
+}
+
+_MISSING = object()
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters."""
+    try:
+        text = " ".join(repr(value).split())
+    except Exception:  # a broken __repr__ must not hide the real error
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def origin(kind: str, name: str, task: Any = None) -> str:
+    """Where the component ``name`` of ``kind`` came from, for an error message (only called on a violation).
+
+    The process-wide registry knows the distribution; a name it does not hold (an env built by another
+    ``Registry``, a template given as a path, a worker rebuilding from lazy references) is described by its
+    reference.
+    """
+    try:
+        from .plugins import BUILTIN_DISTRIBUTION
+        from .registry import registry
+
+        entry = registry.entry(kind, name).info()
+    except Exception:  # not registered by that name; nothing here may hide the component's own error
+        entry = None
+    if entry is not None:
+        if entry.distribution:
+            suffix = ", built in" if entry.distribution == BUILTIN_DISTRIBUTION else ""
+            return f"from {entry.distribution}{suffix}"
+        if entry.plugin and entry.plugin != "<register()>":
+            return f"from plugin {entry.plugin!r}, no distribution"
+        return "registered in this process by registry.register(), no distribution"
+    ref = (getattr(getattr(task, "spec", None), "components", None) or {}).get(kind)
+    return f"from {ref!r}" if ref else "not registered by name"
+
+
+def fail(kind: str, task: Any, problem: str, contract: str, value: Any = None) -> ComponentOutputError:
+    """The error of ``task``'s ``kind`` component (its name is the one the task spec holds)."""
+    name = str(getattr(getattr(task, "spec", None), kind, None) or "?")
+    return ComponentOutputError(kind, name, origin(kind, name, task), problem, contract, value)
+
+
+def returned(value: Any) -> str:
+    return f"returned {short_repr(value)}"
+
+
+# -- parser and isolator -----------------------------------------------------------------------------------------
+def check_parser_output(value: Any, task: Any) -> tuple[str, str]:
+    """``value`` as ``(thought, action)`` when it is a pair of two strings; ``ComponentOutputError`` otherwise."""
+    if (type(value) is tuple or type(value) is list) and len(value) == 2:
+        thought, action = value
+        if isinstance(thought, str) and isinstance(action, str):
+            return thought, action
+        part, bad = ("thought", thought) if not isinstance(thought, str) else ("action", action)
+        problem = f"returned a pair whose {part} is {short_repr(bad, 40)}: {short_repr(value, 60)}"
+        raise fail("parser", task, problem, CONTRACTS["parser"], value)
+    raise fail("parser", task, returned(value), CONTRACTS["parser"], value)
+
+
+class CheckedParser:
+    """A task's parser whose every output is checked; reads any other attribute from the parser itself."""
+
+    __slots__ = ("parser", "task")
+
+    def __init__(self, parser: Any, task: Any):
+        self.parser, self.task = parser, task
+
+    def __call__(self, response: str) -> tuple[str, str]:
+        return check_parser_output(self.parser(response), self.task)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parser, name)
+
+    def __repr__(self) -> str:
+        return repr(self.parser)
+
+
+def checked_parser(task: Any) -> Any:
+    """``task.parser``, wrapped so its outputs are checked (the parser itself when checks are off)."""
+    return CheckedParser(task.parser, task) if ENABLED else task.parser
+
+
+def check_isolator_output(value: Any, task: Any) -> str:
+    """``value`` when it is a string; ``ComponentOutputError`` otherwise."""
+    if isinstance(value, str):
+        return value
+    raise fail("isolator", task, returned(value), CONTRACTS["isolator"], value)
+
+
+# -- reward ------------------------------------------------------------------------------------------------------
+def reward_value(value: Any, task: Any) -> float:
+    """``value`` as a finite float; ``ComponentOutputError`` for anything else (see the module docstring)."""
+    if type(value) is float:  # the common case, first
+        number = value
+    elif isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise fail("reward", task, returned(value), CONTRACTS["reward"] + "; return float(flag) for a flag", value)
+    elif isinstance(value, numbers.Real):
+        number = float(value)
+    else:
+        number = _single_real(value)
+        if number is None:
+            raise fail("reward", task, returned(value), CONTRACTS["reward"], value)
+    if not math.isfinite(number):
+        raise fail("reward", task, returned(value), CONTRACTS["reward"], value)
+    return number
+
+
+def _single_real(value: Any) -> float | None:
+    """The real number in a tensor or array of exactly one element (not bool, not complex), else None."""
+    size = getattr(value, "numel", None)
+    size = size() if callable(size) else getattr(value, "size", None)
+    dtype = str(getattr(value, "dtype", ""))
+    if size != 1 or not hasattr(value, "item") or "bool" in dtype or "complex" in dtype:
+        return None
+    try:
+        item = value.item()
+    except Exception:
+        return None
+    if isinstance(item, bool) or not isinstance(item, numbers.Real):
+        return None
+    return float(item)
+
+
+def info_snapshot(info: Any) -> tuple | None:
+    """What ``info_change`` compares: shallow copies of ``info``, of its ``score`` list and of that list's dicts."""
+    if type(info) is not dict:
+        return None
+    score = info.get("score")
+    if type(score) is list:
+        return dict(info), score, list(score), [dict(item) if type(item) is dict else item for item in score]
+    return dict(info), None, None, None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # arrays and other values without a plain truth value
+        return False
+
+
+def _dict_change(now: dict, before: dict, where: str) -> str | None:
+    for key, value in before.items():
+        current = now.get(key, _MISSING)
+        if current is _MISSING:
+            return f"removed {where}[{key!r}]"
+        if not _same(current, value):
+            return f"changed {where}[{key!r}] from {short_repr(value, 40)} to {short_repr(current, 40)}"
+    if len(now) != len(before):
+        added = next(key for key in now if key not in before)
+        return f"added {where}[{added!r}] = {short_repr(now[added], 40)}"
+    return None
+
+
+def info_change(info: dict, snapshot: tuple) -> str | None:
+    """How ``info`` differs from its ``snapshot`` (one sentence), or None when it does not."""
+    before, score, items, dicts = snapshot
+    change = _dict_change(info, before, "info")
+    if change is not None or score is None:
+        return change
+    if len(score) != len(items) or any(a is not b for a, b in zip(score, items, strict=True)):
+        return f"changed info['score'] from {short_repr(items, 40)} to {short_repr(score, 40)}"
+    for index, (item, copy) in enumerate(zip(score, dicts, strict=True)):
+        if type(item) is dict:
+            change = _dict_change(item, copy, f"info['score'][{index}]")
+            if change is not None:
+                return change
+    return None
+
+
+def call_reward(task: Any, observation: str, info: dict) -> float:
+    """``task.reward(observation, info, task.spec)`` as a float, checked (value and ``info``) when checks are on."""
+    if not ENABLED:
+        return float(task.reward(observation, info, task.spec))
+    snapshot = info_snapshot(info)
+    value = task.reward(observation, info, task.spec)
+    if snapshot is not None:
+        change = info_change(info, snapshot)
+        if change is not None:
+            raise fail("reward", task, change, CONTRACTS["reward_info"], info)
+    return reward_value(value, task)
+
+
+# -- template set ------------------------------------------------------------------------------------------------
+def check_template_text(value: Any, task: Any, what: str) -> str:
+    """``value`` when it is a string; ``ComponentOutputError`` naming the template field ``what`` otherwise."""
+    if isinstance(value, str):
+        return value
+    raise fail("template", task, f"gave {short_repr(value)} as its {what}", CONTRACTS["template"], value)
