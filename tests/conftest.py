@@ -51,11 +51,15 @@ class FakeSite:
 
 @pytest.fixture
 def fake_site(tmp_path, monkeypatch) -> FakeSite:
-    """A fake site folder, on ``sys.path`` for this test only."""
+    """A fake site folder, on ``sys.path`` for this test only; what was imported from it is forgotten afterwards, so
+    that a later test's module of the same name is imported afresh."""
     site = tmp_path / "site"
     site.mkdir()
     monkeypatch.syspath_prepend(str(site))
-    return FakeSite(site)
+    yield FakeSite(site)
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(site)):
+            del sys.modules[name]
 
 
 def default_sigint() -> None:

@@ -12,10 +12,12 @@ import importlib
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from .errors import MLGymRegistryError
+from .plugins import PluginLoadWarning, PluginReplaceWarning
 from .registry import registry
 from .specs import KINDS
 
@@ -57,14 +59,25 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(_dump(registry.entry(args.kind, args.name).info().to_dict(), args.json))
         return 0
     spec = registry.spec(args.name)
+    registration = registry.entry("task", args.name).info().to_dict()  # the task's own distribution and plugin
     components = {kind: registry.entry(kind, getattr(spec, kind)).info().to_dict() for kind in spec.components}
-    print(_dump({"task": spec.to_dict(), "components": components}, args.json))
+    print(_dump({"task": spec.to_dict(), "registration": registration, "components": components}, args.json))
     return 0
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    """Print the loaded plugins, the hooks each implements and any load error."""
+    """Print the loaded plugins, the hooks each implements, the names each replaced and any load error.
+
+    With ``--strict``, also import every lazy ``"module:attr"`` reference the plugins registered, and exit 1 when a
+    plugin failed to load or such a reference cannot be imported.
+    """
     plugins = registry.plugins()
+    import_errors = registry.import_errors() if args.strict else []
+    for plugin in plugins:
+        plugin["import_errors"] = [
+            str(e) for e in import_errors
+            if (e.distribution, e.plugin) == (plugin["distribution"], plugin["name"])
+        ]
     if args.json:
         print(json.dumps(plugins, indent=2))
     else:
@@ -74,23 +87,56 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                 origin += f" {plugin['version']}"
             status = f"ERROR: {plugin['error']}" if plugin["error"] else ", ".join(plugin["hooks"])
             print(f"{plugin['name']}  [{origin}]  {status}")
-    return 1 if any(p["error"] for p in plugins) and args.strict else 0
+            for line in plugin["replaces"]:
+                print(f"  replaces: {line}")
+            for line in plugin["import_errors"]:
+                print(f"  ERROR: {line}")
+    failed = any(p["error"] for p in plugins) or bool(import_errors)
+    return 1 if failed and args.strict else 0
 
 
 def _dump(data: dict[str, Any], as_json: bool) -> str:
+    """``data`` as JSON, or as text: ``key: value`` for a scalar, ``key:`` then indented ``sub_key: value`` lines for
+    a dict; empty values are left out."""
     if as_json:
         return json.dumps(data, indent=2)
     lines = []
     for key, value in data.items():
-        lines.append(f"{key}:")
-        for sub_key, sub_value in (value.items() if isinstance(value, dict) else [("", value)]):
-            if sub_value in (None, "", [], {}):
-                continue
-            text = json.dumps(sub_value) if not isinstance(sub_value, str) else sub_value
-            if "\n" in text:
-                text = text.strip().splitlines()[0] + " ..."
-            lines.append(f"  {sub_key}: {text}")
+        if not isinstance(value, dict):
+            if not _is_empty(value):
+                lines.append(f"{key}: {_one_line(value)}")
+            continue
+        shown = [(sub_key, sub_value) for sub_key, sub_value in value.items() if not _is_empty(sub_value)]
+        if shown:
+            lines.append(f"{key}:")
+            lines.extend(f"  {sub_key}: {_one_line(sub_value)}" for sub_key, sub_value in shown)
     return "\n".join(lines)
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, (str, list, dict)) and not value)
+
+
+def _one_line(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    if "\n" in text:
+        text = text.strip().splitlines()[0] + " ..."
+    return text
+
+
+def _load_plugins_and_warn() -> None:
+    """Load the plugins, printing one ``mlgym-registry: warning: ...`` line per plugin that failed to load (and per
+    other warning while loading) instead of Python's warning with its source location; the names taken over with
+    ``replace=True`` are shown by ``plugins`` and ``info`` rather than on every command."""
+    from .terminal import printable
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("ignore", PluginLoadWarning)  # printed below from the errors themselves
+        registry.load_errors()
+    lines = [str(error) for error in registry.load_errors()]
+    lines += [str(w.message) for w in caught if not issubclass(w.category, PluginReplaceWarning)]
+    for line in lines:
+        print(f"mlgym-registry: warning: {printable(' '.join(line.split()))}", file=sys.stderr)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -129,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(argv)
     try:
+        _load_plugins_and_warn()
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("mlgym-registry: interrupted", file=sys.stderr)

@@ -5,7 +5,8 @@ The kinds follow the observation formats of MLGym's environment and tools, which
 - ``empty``: no output (``None`` or ``""``)
 - ``submitted``: ``Exited (submit)``
 - ``exit``: any other end of episode (``Exited (max_steps)``, ``Exited (exit_context)``, ``Skipped``, ...)
-- ``validate_score``: a successful ``validate`` (``Your code produced a valid submission artefact at ...``)
+- ``validate_score``: a successful ``validate`` (``Your code produced a valid submission artefact at ...``, or only
+  its score lines for a task without that artefact)
 - ``validate_error``: a ``validate`` that could not score (metrics not decodable, no artefact, evaluator error)
 - ``malformed_edit``: an ``edit`` without its ``end_of_edit`` line
 - ``lint_rejection``: an edit or insertion undone because flake8 found new errors
@@ -50,6 +51,9 @@ _SYNTAX = re.compile(r"^(?:/bin/|/usr/bin/)?bash: line \d+: (?:syntax error|unex
 _WINDOW = re.compile(r"^\[File: .+ \(\d+ lines total\)\]$", re.MULTILINE)
 
 
+_SCORES = re.compile(r"Baseline Score: .*\nEvaluation Score: \{", re.DOTALL)
+"""A successful validate of a task that has no artefact to name: only the baseline and evaluation score lines."""
+
 def observation_kind(observation: str | None) -> str:
     """One of ``KINDS`` for ``observation``."""
     if observation is None or observation.strip() == "":
@@ -59,7 +63,7 @@ def observation_kind(observation: str | None) -> str:
         return "submitted"
     if _EXIT.match(text):
         return "exit"
-    if text.startswith("Your code produced a valid submission artefact at "):
+    if text.startswith("Your code produced a valid submission artefact at ") or _SCORES.match(text):
         return "validate_score"
     if text.startswith(_VALIDATE_ERRORS):
         return "validate_error"

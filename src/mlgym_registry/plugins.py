@@ -1,7 +1,9 @@
 """Plugin loading: the package's own defaults first, then each ``mlgym_registry`` entry point on its own.
 
-A plugin that fails to import, or raises in a hook, is recorded as a ``PluginLoadError`` (and warned about) and its
-registrations are dropped; the others still load. ``MLGYM_REGISTRY_STRICT=1`` raises instead.
+A plugin that fails to import, raises in a hook or registers a name that is taken is recorded as a
+``PluginLoadError`` (and warned about with a ``PluginLoadWarning``) and all of its registrations are dropped; the
+others still load. ``MLGYM_REGISTRY_STRICT=1`` raises instead. A plugin that takes over a name with ``replace=True``
+is warned about with a ``PluginReplaceWarning`` naming both providers.
 
 Environment variables:
 
@@ -45,6 +47,14 @@ HOOKS_BY_KIND: dict[str, str] = {
 BUILTIN_DISTRIBUTION = "mlgym-registry"
 
 
+class PluginLoadWarning(RuntimeWarning):
+    """A plugin failed to load (its ``PluginLoadError`` is the message); the other plugins loaded."""
+
+
+class PluginReplaceWarning(UserWarning):
+    """A plugin took over a name another provider registered (``replace=True``); the message names both."""
+
+
 @dataclass
 class Registration:
     """One ``register(name, obj_or_ref, **meta)`` call, kept until its plugin has loaded without error."""
@@ -68,10 +78,12 @@ class PluginInfo:
     builtin: bool = False
     hooks: list[str] = field(default_factory=list)
     error: str | None = None
+    replaces: list[str] = field(default_factory=list)
+    """One line per name this plugin took over with ``replace=True``, naming the provider it replaced."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return dict(self.__dict__)
+        return {**self.__dict__, "hooks": list(self.hooks), "replaces": list(self.replaces)}
 
 
 def env_list(variable: str) -> set[str] | None:
@@ -111,10 +123,12 @@ def new_plugin_manager() -> pluggy.PluginManager:
 class PluginLoader:
     """Loads plugins into a pluggy manager and hands their registrations to ``sink``.
 
-    ``sink(registration)`` stores a registration and raises ``DuplicateNameError`` when the name is taken.
+    ``sink(registrations)`` stores all of one plugin's registrations or none of them: it raises
+    ``DuplicateNameError`` (storing nothing) when a name is taken, and returns one line per name taken over with
+    ``replace=True``, naming the provider replaced.
     """
 
-    def __init__(self, sink: Callable[[Registration], None]):
+    def __init__(self, sink: Callable[[list[Registration]], list[str]]):
         self.pm = new_plugin_manager()
         self.sink = sink
         self.infos: list[PluginInfo] = []
@@ -157,16 +171,15 @@ class PluginLoader:
                 return
             self.pm.register(plugin, name=f"{info.distribution}:{info.name}")
             pending = self._collect(plugin, info)
+            replaced = self.sink(pending)  # all of the plugin's names, or none
         except Exception as exc:  # noqa: BLE001 - any failure of a plugin is that plugin's, not ours
             if plugin is not None and self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
             self._fail(info, exc)
             return
-        for registration in pending:
-            try:
-                self.sink(registration)
-            except DuplicateNameError as exc:
-                self._fail(info, exc)
+        for line in replaced:
+            info.replaces.append(line)
+            warnings.warn(line, PluginReplaceWarning, stacklevel=5)
 
     def _collect(self, plugin: object, info: PluginInfo) -> list[Registration]:
         """Call each of ``plugin``'s hooks on its own and gather what it registers."""
@@ -193,4 +206,4 @@ class PluginLoader:
         error = PluginLoadError(info.name, info.distribution, info.entry_point, exc)
         info.error = str(error)
         self.errors.append(error)
-        warnings.warn(str(error), RuntimeWarning, stacklevel=4)
+        warnings.warn(str(error), PluginLoadWarning, stacklevel=6)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, UnknownNameError
+from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, MLGymRegistryError, UnknownNameError
 from .plugins import BUILTIN_DISTRIBUTION, PluginInfo, PluginLoader, Registration
 from .specs import COMPONENT_KINDS, KINDS, ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
 from .validation import validate_overrides, validate_task_options
@@ -73,6 +73,46 @@ class Entry:
         return (text or "").strip().splitlines()[0] if text and text.strip() else ""
 
 
+class ComponentImportError(MLGymRegistryError, ImportError):
+    """A component registered as a lazy ``"module:attr"`` whose module cannot be imported (a syntax error, a missing
+    dependency, a missing attribute); the message names the component, its distribution and the module."""
+
+    def __init__(self, entry: Entry, cause: BaseException):
+        reference = str(entry.target)
+        module = reference.partition(":")[0]
+        provider = _provider(entry)
+        detail = f"{type(cause).__name__}: {cause}"
+        if isinstance(cause, SyntaxError) and cause.filename:
+            detail = f"SyntaxError: {cause.msg} ({cause.filename}, line {cause.lineno})"
+        fix = "Fix that module"
+        if entry.distribution:
+            fix += f", or uninstall or block its distribution (MLGYM_REGISTRY_BLOCK_PLUGINS={entry.distribution})"
+        super().__init__(
+            f"cannot import {entry.kind} {entry.name!r} registered by {provider} as {reference!r}: module "
+            f"{module!r} failed with {detail}. {fix}.",
+            name=module,
+        )
+        # after ImportError.__init__, which sets ``name`` (the module, as ImportError has it) and ``path``
+        self.kind, self.component = entry.kind, entry.name
+        self.distribution, self.plugin = entry.distribution, entry.plugin
+        self.reference, self.module, self.cause = reference, module, cause
+
+
+    def __reduce__(self) -> Any:  # to a worker process and back: the message and fields, not __init__'s arguments
+        return (_restore_error, (type(self), self.args, dict(self.__dict__)))
+
+
+def _restore_error(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+class ComponentModuleNotFoundError(ComponentImportError, ModuleNotFoundError):
+    """A ``ComponentImportError`` whose module (or one it imports) is not installed."""
+
+
 def reference_of(obj: Any) -> str | None:
     """``obj`` as a lazy reference string when it is one or can be imported back by name, else None."""
     if isinstance(obj, Path):
@@ -98,6 +138,17 @@ def import_reference(ref: str) -> Any:
     for part in filter(None, attr_path.split(".")):
         obj = getattr(obj, part)
     return obj
+
+
+def import_entry(entry: Entry) -> Any:
+    """Import the lazy ``"module:attr"`` reference of ``entry``; ``ComponentImportError`` (naming the component, its
+    distribution and the module) when the import fails."""
+    try:
+        return import_reference(str(entry.target))
+    except ModuleNotFoundError as exc:
+        raise ComponentModuleNotFoundError(entry, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - SyntaxError, a module raising at import, a missing attribute
+        raise ComponentImportError(entry, exc) from exc
 
 
 def build_component(kind: str, obj: Any) -> Any:
@@ -154,12 +205,15 @@ class Registry:
         with self._lock:
             if self._loader is not None:
                 return
-            loader = PluginLoader(self._store)
+            loader = PluginLoader(self._store_all)
             self._loader = loader
             if self._load_plugins:
                 try:
                     loader.load_all()
                 except BaseException:
+                    # strict mode: forget what loaded before the failure too, so that the next call starts afresh
+                    # instead of finding the built-ins already there (a false DuplicateNameError)
+                    self._entries = {kind: {} for kind in KINDS}
                     self._loader = None
                     raise
 
@@ -179,6 +233,30 @@ class Registry:
         if existing is not None:
             reg.meta.setdefault("replaces", _provider(existing))
         entries[reg.name] = Entry(reg.kind, reg.name, reg.obj, reg.plugin, reg.distribution, dict(reg.meta))
+
+    def _store_all(self, registrations: list[Registration]) -> list[str]:
+        """Store one plugin's registrations, all or none (``DuplicateNameError`` stores nothing); return one line per
+        name taken over with ``replace=True``, naming who replaced what."""
+        seen: dict[tuple[str, str], Registration] = {}
+        for reg in registrations:
+            self._check_kind(reg.kind)
+            existing: Entry | Registration | None = seen.get((reg.kind, reg.name)) or self._entries[reg.kind].get(
+                reg.name
+            )
+            if existing is not None and not reg.meta.get("replace"):
+                raise DuplicateNameError(reg.kind, reg.name, _provider(existing), _provider(reg))
+            seen[(reg.kind, reg.name)] = reg
+        replaced = []
+        for reg in registrations:
+            existing_entry = self._entries[reg.kind].get(reg.name)
+            if existing_entry is not None:
+                replaced.append(
+                    f"{_provider(reg)} replaces {reg.kind} {reg.name!r} of {_provider(existing_entry)} "
+                    f"(replace=True): every task that uses {reg.name!r} now gets the replacement. Block it with "
+                    f"MLGYM_REGISTRY_BLOCK_PLUGINS={reg.distribution or reg.plugin} to keep the original."
+                )
+            self._store(reg)
+        return replaced
 
     @staticmethod
     def _check_kind(kind: str) -> None:
@@ -261,7 +339,7 @@ class Registry:
             if not entry.is_loaded:
                 target = entry.target
                 if isinstance(target, str) and not (entry.kind == "task" and is_task_file(target)):
-                    target = import_reference(target)
+                    target = import_entry(entry)
                 entry.loaded, entry.is_loaded = target, True
         return entry.loaded
 
@@ -376,6 +454,29 @@ class Registry:
         self._ensure_loaded()
         assert self._loader is not None
         return [info.to_dict() for info in self._loader.infos]
+
+    def plugin_info(self, plugin: object) -> PluginInfo | None:
+        """The ``PluginInfo`` of ``plugin`` (a module or object) when it is loaded already, e.g. from its entry
+        point; None when it is not."""
+        self._ensure_loaded()
+        assert self._loader is not None
+        name = self._loader.pm.get_name(plugin) if self._loader.pm.is_registered(plugin) else None
+        return next((i for i in self._loader.infos if name == f"{i.distribution}:{i.name}"), None)
+
+    def import_errors(self) -> list[ComponentImportError]:
+        """Import every lazy ``"module:attr"`` reference a plugin registered; the ``ComponentImportError`` of each
+        that fails (``mlgym-registry plugins --strict`` reports them)."""
+        self._ensure_loaded()
+        errors = []
+        for kind in KINDS:
+            for name in self.names(kind):
+                entry = self._entries[kind][name]
+                if isinstance(entry.target, str) and not is_task_file(entry.target):
+                    try:
+                        self._load(entry)
+                    except ComponentImportError as exc:
+                        errors.append(exc)
+        return errors
 
     def load_errors(self) -> list[Exception]:
         """The ``PluginLoadError`` of every plugin that failed to load."""

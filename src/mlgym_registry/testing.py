@@ -14,6 +14,7 @@ expose it to your tests with ``from mlgym_registry.testing import registered_plu
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import math
 import os
@@ -31,15 +32,19 @@ from .errors import FormatError, MLGymRegistryError
 from .specs import TaskSpec
 
 __all__ = [
+    "ComponentCheck",
     "ConformanceError",
     "EvaluationRun",
     "TaskCheck",
     "check_backend",
+    "check_component",
     "check_isolator",
     "check_parser",
+    "check_plugin",
     "check_reward_assigner",
     "check_task",
     "check_template",
+    "isolator_responses",
     "registered_plugin",
     "run_evaluator",
 ]
@@ -83,13 +88,21 @@ def check_parser(parser: Callable[[str], Any], *, well_formed: dict[str, str] | 
     """Check ``parser(response) -> (thought, action)`` and its ``FormatError`` contract.
 
     ``well_formed`` maps responses to the action they must give (stripped); by default the parser must read
-    ``ls -a`` out of at least one of ``WELL_FORMED_RESPONSES``. Every odd response must give a ``(str, str)`` pair or
-    raise ``FormatError``; each of ``malformed`` must raise ``FormatError``. The result must not vary between calls.
+    ``ls -a`` out of at least one of ``WELL_FORMED_RESPONSES`` or, when it declares ``format_example(action) ->
+    response`` (a response in its own format asking for ``action``), out of its own example. Every odd response
+    must give a ``(str, str)`` pair or raise ``FormatError``; each of ``malformed`` must raise ``FormatError``. The
+    result must not vary between calls.
     """
     what = f"parser {_name(parser)}"
     if not callable(parser):
         _fail(what, "is not callable; a parser is a callable parser(response: str) -> (thought, action)")
     examples = well_formed or {response: "ls -a" for response in WELL_FORMED_RESPONSES}
+    declared = getattr(parser, "format_example", None) if well_formed is None else None
+    if callable(declared):  # a parser that shows its own format: its example counts as a well-formed response
+        example = declared("ls -a")
+        if not isinstance(example, str):
+            _fail(what, f"format_example('ls -a') returned {example!r:.80}; it must return a response (a str)")
+        examples = {example: "ls -a", **examples}
     understood = []
     for response, expected in examples.items():
         result = _parse(parser, response, what)
@@ -227,23 +240,83 @@ class _Fields(dict):
 EDIT_RESPONSE = "DISCUSSION\nReplace the function.\n```\nedit 1:2\ndef f(x):\n    return (x, 'a')\nend_of_edit\n```"
 
 
-def check_isolator(isolator: Callable[..., Any], parser: Callable[[str], Any] | None = None) -> None:
+EDIT_ACTION = "edit 1:2\ndef f(x):\n    return (x, 'a')\nend_of_edit"
+"""The multi-line edit the isolator check asks for, in whatever format the parser reads."""
+
+NO_COMMAND_RESPONSES = ("", "Just thinking out loud, no command.")
+"""Responses that hold no command in the common formats."""
+
+RESPONSE_STYLES: dict[str, Callable[[str], str]] = {
+    "fenced": lambda action: f"DISCUSSION\nLet me do this.\n```\n{action}\n```",
+    "xml": lambda action: f"DISCUSSION\nLet me do this.\n<command>\n{action}\n</command>",
+    "json": lambda action: json.dumps({"thought": "Let me do this.", "command": action}),
+    "bare": lambda action: action,
+}
+"""How a response asks for an action in each common style; ``isolator_responses`` tries them in this order."""
+
+
+def isolator_responses(parser: Callable[[str], Any]) -> tuple[str, str] | None:
+    """Two responses in ``parser``'s own format, ``(asks for 'ls -a', asks for EDIT_ACTION)``, or None.
+
+    A parser that declares ``format_example(action) -> response`` (a method or callable attribute) is asked for them;
+    otherwise each of ``RESPONSE_STYLES`` is tried and the first style whose responses the parser reads back into
+    exactly these actions is used.
+    """
+    def reads(response: str, action: str) -> bool:
+        try:
+            result = parser(response)
+        except Exception:  # noqa: BLE001 - a parser that cannot read this style simply does not use it
+            return False
+        return isinstance(result, tuple) and len(result) == 2 and str(result[1]).strip() == action.strip()
+
+    styles = list(RESPONSE_STYLES.values())
+    declared = getattr(parser, "format_example", None)
+    if callable(declared):
+        styles.insert(0, declared)
+    for style in styles:
+        try:
+            command, edit = style("ls -a"), style(EDIT_ACTION)
+        except Exception:  # noqa: BLE001 - a broken format_example falls back to the common styles
+            continue
+        if isinstance(command, str) and isinstance(edit, str) and reads(command, "ls -a") and reads(edit, EDIT_ACTION):
+            return command, edit
+    return None
+
+
+def check_isolator(isolator: Callable[..., Any], parser: Callable[[str], Any] | None = None,
+                   responses: tuple[str, str] | None = None) -> None:
     """Check ``isolator(response, parser) -> action``: a plain command comes through, a response without a command
     raises ``FormatError``, and a multi-line ``edit`` comes out as one shell-safe command (what MLGym's heredoc
-    guard ensures: ``bash -n`` accepts it, its body is kept)."""
+    guard ensures: ``bash -n`` accepts it, its body is kept).
+
+    The isolator is called as the chain calls it, ``isolator(response, parser)``, so the responses must be in the
+    parser's format. ``parser`` defaults to ``thought_action`` (fenced code blocks). ``responses`` is a pair of
+    responses in that format: the first asks for the command ``ls -a``, the second for ``EDIT_ACTION`` (an
+    ``edit 1:2`` with a two-line body ending in ``end_of_edit``). When it is not given they are built with
+    ``isolator_responses(parser)`` (the parser's ``format_example`` if it declares one, else the first common style
+    it reads: fenced, ``<command>`` tags, JSON, bare). The no-command responses (``""`` and prose) must raise
+    ``FormatError`` whenever the parser itself finds no action in them.
+    """
     from .components.parsers import ThoughtActionParser
 
     what = f"isolator {_name(isolator)}"
     parser = parser or ThoughtActionParser()
     if not callable(isolator):
         _fail(what, "is not callable; an isolator is isolator(response, parser) -> action")
-    action = _isolate(isolator, WELL_FORMED_RESPONSES[0], parser, what)
+    if responses is None:
+        responses = isolator_responses(parser)
+        if responses is None:
+            _fail(what, f"cannot be checked with parser {_name(parser)}: it reads none of the common response "
+                        f"styles; pass responses=(command_response, edit_response) in its format")
+    command_response, edit_response = responses
+    action = _isolate(isolator, command_response, parser, what)
     if action is None or action.strip() != "ls -a":
-        _fail(what, f"turned a fenced 'ls -a' into {action!r}; expected the action 'ls -a'")
-    for response in ("", "Just thinking out loud, no command."):
-        if _isolate(isolator, response, parser, what) is not None:
+        _fail(what, f"turned {command_response[:60]!r} (asking for 'ls -a') into {action!r}; expected the action "
+                    f"'ls -a'")
+    for response in NO_COMMAND_RESPONSES:
+        if _parse_quietly(parser, response) is None and _isolate(isolator, response, parser, what) is not None:
             _fail(what, f"accepted {response!r}, which holds no command; it must raise FormatError")
-    edit = _isolate(isolator, EDIT_RESPONSE, parser, what)
+    edit = _isolate(isolator, edit_response, parser, what)
     if edit is None or not edit.lstrip().startswith("edit 1:2") or "return (x, 'a')" not in edit:
         _fail(what, f"turned an edit into {edit!r}; the edit command and its body must be kept")
     bash = shutil.which("bash")
@@ -252,6 +325,14 @@ def check_isolator(isolator: Callable[..., Any], parser: Callable[[str], Any] | 
         if check.returncode != 0:
             _fail(what, f"left the edit body unguarded: bash -n rejects {edit!r} ({check.stderr.strip()}); guard "
                         f"multi-line edit/insert bodies with a heredoc (<< 'end_of_edit') as MLGym's agent does")
+
+
+def _parse_quietly(parser: Callable[[str], Any], response: str) -> Any:
+    """What ``parser`` makes of ``response``, or None when it raises (no action)."""
+    try:
+        return parser(response)
+    except Exception:  # noqa: BLE001 - any failure means the parser found no action
+        return None
 
 
 def _isolate(isolator: Callable[..., Any], response: str, parser: Any, what: str) -> str | None:
@@ -467,6 +548,155 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float, spe
     return done.stdout
 
 
+# -- registered components and distributions ---------------------------------------------------------------------
+@dataclass
+class ComponentCheck:
+    """The verdict on one registered component: ``status`` is ``"ok"``, ``"FAIL"`` (``reason`` says why) or
+    ``"skip"`` (it cannot be checked on this machine, e.g. a backend whose runtime is missing)."""
+
+    kind: str
+    name: str
+    distribution: str | None
+    status: str
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """False only when the component failed its check."""
+        return self.status != "FAIL"
+
+    def line(self) -> str:
+        """One line for a terminal: ``ok   parser   tagged`` or ``FAIL reward   shaped: <reason>``."""
+        text = f"{self.status:<4} {self.kind:<8} {self.name}"
+        return f"{text}: {self.reason}" if self.reason else text
+
+
+KIT_CHECKS: dict[str, Callable[..., None]] = {
+    "parser": check_parser,
+    "reward": check_reward_assigner,
+    "template": check_template,
+    "backend": check_backend,
+}
+"""The kit check run on a built component of each kind (isolators and tasks have their own handling in
+``check_component``); a kind not listed here is only imported and built."""
+
+
+def check_component(kind: str, name: str, *, registry: Any = None, parsers: list[str] | None = None,
+                    runs: int = 3) -> ComponentCheck:
+    """Import the registered ``name`` of ``kind`` (its lazy ``"pkg.module:attr"`` reference), build it and run the
+    kit's check for its kind; never raises for the component's own faults, returns a ``ComponentCheck``.
+
+    An isolator is checked with each parser named in ``parsers`` (default: the parsers its own distribution
+    registered, or ``thought_action`` when it registered none), with responses in that parser's format. A task gets
+    ``check_task`` with ``runs`` evaluator runs. Raises ``UnknownNameError`` when nothing of ``kind`` is ``name``.
+    """
+    from .errors import BackendUnavailable
+    from .registry import registry as default_registry
+
+    registry = registry or default_registry
+    entry = registry.entry(kind, name)
+    result = ComponentCheck(kind, name, entry.distribution, "ok")
+    problem = _import_problem(entry)
+    if problem is not None:
+        result.status, result.reason = "FAIL", problem
+        return result
+    try:
+        if kind == "task":
+            report = check_task(registry.spec(name), runs=runs, raise_on_failure=False)
+            if not report.ok:
+                result.status, result.reason = "FAIL", "; ".join(report.problems)
+            return result
+        component = registry.build(kind, name)
+        if kind == "isolator":
+            for parser_name, parser in _isolator_parsers(registry, entry, parsers):
+                try:
+                    check_isolator(component, parser)
+                except ConformanceError as exc:
+                    raise ConformanceError(f"{exc} (checked with parser {parser_name!r})") from None
+        elif kind == "backend":
+            check_available = getattr(component, "check_available", None)
+            if callable(check_available):
+                check_available()
+            check_backend(component)
+        elif kind in KIT_CHECKS:
+            KIT_CHECKS[kind](component)
+    except BackendUnavailable as exc:
+        result.status, result.reason = "skip", str(exc)
+    except ConformanceError as exc:
+        result.status, result.reason = "FAIL", str(exc)
+    except Exception as exc:  # noqa: BLE001 - anything the component raises is its failure, reported, not raised
+        result.status, result.reason = "FAIL", f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def _import_problem(entry: Any) -> str | None:
+    """Why ``entry``'s lazy reference does not import (naming the module), or None when it does or has none."""
+    from .registry import import_reference, is_task_file
+
+    target = entry.target
+    if not isinstance(target, str) or (entry.kind == "task" and is_task_file(target)):
+        return None
+    module_name, _, attr = target.partition(":")
+    try:
+        importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - SyntaxError, ImportError, or whatever the module raises on import
+        return f"cannot import module {module_name!r} (registered as {target!r}): {type(exc).__name__}: {exc}"
+    try:
+        import_reference(target)
+    except AttributeError as exc:
+        return f"module {module_name!r} has no attribute {attr!r} (registered as {target!r}): {exc}"
+    return None
+
+
+def _isolator_parsers(registry: Any, entry: Any, names: list[str] | None) -> list[tuple[str, Any]]:
+    """The parsers to check an isolator with: ``names``, else its distribution's own, else ``thought_action``."""
+    if names is None:
+        names = [row.name for row in registry.describe("parser")
+                 if entry.distribution is not None and row.distribution == entry.distribution]
+    built = []
+    for name in names:
+        try:
+            built.append((name, registry.build("parser", name)))
+        except Exception:  # noqa: BLE001 - a parser that does not build fails its own check, not the isolator's
+            continue
+    if not built:
+        from .components.parsers import ThoughtActionParser
+
+        built = [("thought_action", ThoughtActionParser())]
+    return built
+
+
+def check_plugin(distribution: str, *, registry: Any = None, runs: int = 3) -> list[ComponentCheck]:
+    """``check_component`` on every component the installed ``distribution`` registered (tasks included), plus one
+    ``FAIL`` row of kind ``plugin`` for each of its plugins that failed to load.
+
+    Raises ``UnknownNameError`` (with close matches) when no loaded plugin comes from ``distribution``.
+    """
+    from .errors import UnknownNameError
+    from .registry import registry as default_registry
+
+    registry = registry or default_registry
+    plugins = registry.plugins()
+    rows = registry.describe()
+    known = {row["distribution"] for row in plugins if row["distribution"]}
+    known |= {row.distribution for row in rows if row.distribution}
+    wanted = _normalised_dist(distribution)
+    matches = [name for name in known if _normalised_dist(name) == wanted]
+    if not matches:
+        raise UnknownNameError("distribution", distribution, known,
+                               "See `mlgym-registry plugins` for the installed ones.")
+    dist = matches[0]
+    results = [ComponentCheck("plugin", row["name"], dist, "FAIL", row["error"])
+               for row in plugins if row["distribution"] == dist and row["error"]]
+    results += [check_component(row.kind, row.name, registry=registry, runs=runs)
+                for row in rows if row.distribution == dist]
+    return results
+
+
+def _normalised_dist(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
 # -- pytest fixture ----------------------------------------------------------------------------------------------
 def _registered_plugin() -> Iterator[Callable[..., Any]]:
     from .registry import registry as default_registry
@@ -476,6 +706,9 @@ def _registered_plugin() -> Iterator[Callable[..., Any]]:
     def add(plugin: object, name: str | None = None, *, registry: Any = None) -> Any:
         """Load ``plugin`` (a module or object with ``@hookimpl`` functions) into the registry for this test."""
         target = registry or default_registry
+        installed = target.plugin_info(plugin)
+        if installed is not None:  # loaded already from its entry point (the plugin is pip-installed): keep it as is
+            return installed
         plugin_name = name or getattr(plugin, "__name__", None) or f"test-plugin-{id(plugin)}"
         info = target.add_plugin(plugin, name=plugin_name)
         added.append((target, plugin_name))
@@ -498,5 +731,6 @@ else:
     registered_plugin = pytest.fixture(_registered_plugin)
     registered_plugin.__doc__ = (
         "A pytest fixture: ``registered_plugin(plugin, name=None)`` loads ``plugin`` into the registry for the "
-        "current test and removes it, with everything it registered, when the test ends."
+        "current test and removes it, with everything it registered, when the test ends. A plugin the registry "
+        "loaded already from its entry point (installed with pip) is left as it is, and its ``PluginInfo`` returned."
     )

@@ -3,6 +3,10 @@
 Loads the task (a registered name or a task YAML file), checks that its files exist, runs its evaluator on the
 starter code a few times with different seeds, prints the metrics, and compares the recorded baseline with the fresh
 runs. Exit code 0 when everything holds, 1 when something does not.
+
+``check --plugin DIST`` checks every component an installed distribution registered, and ``check --kind KIND NAME``
+one component: each lazy reference is imported (an import or syntax error is that component's failure, naming the
+module) and the conformance kit's check for its kind runs on it; one line per component, exit 1 when any fails.
 """
 
 from __future__ import annotations
@@ -10,21 +14,31 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..specs import KINDS
 from ..validation import cli_integer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``check``."""
-    parser.add_argument("task", metavar="PATH_OR_NAME", help="a registered task name or a task YAML file")
+    parser.add_argument("task", metavar="PATH_OR_NAME", nargs="?",
+                        help="a registered task name or a task YAML file (with --kind: a component's name)")
+    parser.add_argument("--plugin", metavar="DIST",
+                        help="check every component the installed distribution DIST registered")
+    parser.add_argument("--kind", choices=KINDS, help="check NAME as a component of this kind (default: task)")
     parser.add_argument("--runs", type=cli_integer(1), default=3,
                         help="evaluator runs, each with its own seed (default: 3)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
-    """Check the task and print what was found."""
+    """Check the task (or the plugin's components, or one component) and print what was found."""
     from ..testing import check_task
 
+    if args.plugin is not None or (args.kind not in (None, "task")):
+        return _check_components(args)
+    if args.task is None:
+        raise SystemExit("check needs a task (PATH_OR_NAME), --plugin DIST or --kind KIND NAME")
+    _refuse_components(args.task)
     report = check_task(args.task, runs=args.runs, raise_on_failure=False)
     if args.json:
         print(json.dumps({
@@ -47,3 +61,44 @@ def main(args: argparse.Namespace) -> int:
         print(f"  PROBLEM: {problem}")
     print("OK" if report.ok else "FAILED")
     return 0 if report.ok else 1
+
+
+def _check_components(args: argparse.Namespace) -> int:
+    """``--plugin DIST`` or ``--kind KIND NAME``: one line per component, exit 1 when any failed."""
+    from ..testing import check_component, check_plugin
+
+    if args.plugin is not None and args.task is not None:
+        raise SystemExit(f"check --plugin takes no PATH_OR_NAME (got {args.task!r}); give one or the other")
+    if args.plugin is not None and args.kind is not None:
+        raise SystemExit("check --plugin checks every kind; use --kind KIND NAME to check one component")
+    if args.plugin is None and args.task is None:
+        raise SystemExit(f"check --kind {args.kind} needs the NAME of the {args.kind} to check")
+    if args.plugin is not None:
+        results = check_plugin(args.plugin, runs=args.runs)
+    else:
+        results = [check_component(args.kind, args.task, runs=args.runs)]
+    if args.json:
+        print(json.dumps([{**result.__dict__, "ok": result.ok} for result in results], indent=2))
+    else:
+        from ..terminal import printable
+
+        if not results:
+            print(f"distribution {args.plugin!r} registered no components")
+        for result in results:
+            print(printable(result.line()).replace("\n", "\n    "))
+        counts = {status: sum(result.status == status for result in results) for status in ("ok", "skip", "FAIL")}
+        print(f"{counts['ok']} ok, {counts['skip']} skipped, {counts['FAIL']} failed")
+    return 0 if all(result.ok for result in results) else 1
+
+
+def _refuse_components(name: str) -> None:
+    """A name that is no task but a component of some kind: say so and point at ``--kind``."""
+    from ..errors import MLGymRegistryError
+    from ..registry import registry
+
+    if name.endswith((".yaml", ".yml")) or name in registry.names("task"):
+        return
+    kinds = [kind for kind in KINDS if kind != "task" and name in registry.names(kind)]
+    if kinds:
+        commands = " or ".join(f"`mlgym-registry check --kind {kind} {name}`" for kind in kinds)
+        raise MLGymRegistryError(f"{name!r} is not a task but a {' and a '.join(kinds)}; check it with {commands}")

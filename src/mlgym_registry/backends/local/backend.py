@@ -455,14 +455,22 @@ class LocalBackend:
             return "Exited (submit)", 0, True, info
         if action == "validate":
             baseline = self.spec.baseline_scores[0] if self.spec.baseline_scores else "NA (no baseline was there)"
-            text = (
-                f"Your code produced a valid submission artefact at {submission}.\n"
-                f"Baseline Score: {baseline}\nEvaluation Score: {metrics}"
-            )
+            # MLGym names <workspace>/target.py for every python task; a task without that file has no artefact to name
+            artefact = f"Your code produced a valid submission artefact at {submission}.\n"
+            if not self._in_workspace(submission).exists():
+                artefact = ""
+            text = f"{artefact}Baseline Score: {baseline}\nEvaluation Score: {metrics}"
             return text.strip(), 0, False, info
         info["exit_status"] = f"autosubmission ({action})"
         info["submission"] = submission
         return f"Exited ({action})", 0, True, info
+
+    def _in_workspace(self, shown: str) -> Path:
+        """The host path of ``shown``, a path as the agent sees it (inside the sandbox it differs)."""
+        try:
+            return self.host_workspace / Path(shown).relative_to(self.task_workspace)
+        except ValueError:
+            return Path(shown)
 
     @contextlib.contextmanager
     def _freeze_agent(self) -> Iterator[None]:
