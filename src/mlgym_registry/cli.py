@@ -24,7 +24,8 @@ from .specs import KINDS
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("mlgym_registry.commands.run", "run an episode of a task with a policy and record it"),
     "replay": ("mlgym_registry.commands.replay", "replay a recorded MLGym .traj through our env and report"),
-    "check": ("mlgym_registry.commands.check", "check a task: files, evaluator, baseline"),
+    "check": ("mlgym_registry.commands.check",
+              "check a task (files, evaluator, baseline), or a plugin's components (--plugin, --kind)"),
     "report": ("mlgym_registry.commands.report", "tables, ranks and AUP over recorded runs, as MLGym publishes them"),
     "bench": ("mlgym_registry.commands.bench", "play K runs of each task with a policy, in MLGym's layout (resumable)"),
 }
