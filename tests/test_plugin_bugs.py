@@ -9,6 +9,7 @@ import textwrap
 import warnings
 
 import pytest
+from test_plugins import REPLACING
 
 from mlgym_registry import DuplicateNameError, PluginLoadError, Registry, UnknownNameError, cli
 from mlgym_registry.plugins import PluginLoadWarning, PluginReplaceWarning
@@ -42,16 +43,6 @@ def register_reward_assigners(register):
     register("own_reward", "os:getcwd")
 """
 
-REPLACING = """
-from mlgym_registry import hookimpl
-
-@hookimpl
-def register_parsers(register):
-    register("thought_action", "{module}:mine", replace=True)
-
-def mine(response):
-    return "", response
-"""
 
 LAZY_SYNTAX_ERROR = """
 from mlgym_registry import hookimpl
