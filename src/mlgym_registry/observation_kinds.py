@@ -49,10 +49,9 @@ _VALIDATE_ERRORS = (
 _LINT = re.compile(r"^ERRORS:\n- ", re.MULTILINE)
 _SYNTAX = re.compile(r"^(?:/bin/|/usr/bin/)?bash: line \d+: (?:syntax error|unexpected EOF while looking for)")
 _WINDOW = re.compile(r"^\[File: .+ \(\d+ lines total\)\]$", re.MULTILINE)
-
-
 _SCORES = re.compile(r"Baseline Score: .*\nEvaluation Score: \{", re.DOTALL)
 """A successful validate of a task that has no artefact to name: only the baseline and evaluation score lines."""
+
 
 def observation_kind(observation: str | None) -> str:
     """One of ``KINDS`` for ``observation``."""

@@ -8,6 +8,7 @@ it stopped. ``mlgym-registry report DIR`` turns the folder into MLGym's tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from .run import (
     ProgressBar,
     add_backend_option_argument,
     add_component_arguments,
+    add_engine_arguments,
     add_episode_arguments,
     add_openai_arguments,
     backend_options,
@@ -41,11 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", default=None,
                         help="the model's name in folder names and reports (default: from --policy)")
     add_episode_arguments(parser)
-    parser.add_argument("--num-envs", type=cli_integer(1), default=1,
-                        help="runs to play at once, in worker processes (or Ray actors with --ray)")
-    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                        help="play the runs as Ray actors: on the cluster at ADDRESS, or on a local runtime when no "
-                        "ADDRESS is given (needs: pip install 'mlgym-registry[ray]')")
+    add_engine_arguments(parser, "runs")
     add_backend_option_argument(parser)
     add_component_arguments(parser)
     add_openai_arguments(parser)
@@ -76,16 +74,14 @@ def main(args: argparse.Namespace) -> int:
     if engine != "ray":  # Ray actors may reach an endpoint that this machine cannot
         check_endpoint(policy)
     bar = None if args.quiet else SuiteBar(len(runs), f"{model}: runs done")
-    with OutFolder(out, resume=True):
-        if engine == "ray":
-            from ..ray_runtime import ray_session
+    runtime = contextlib.nullcontext()
+    if engine == "ray":  # one runtime for the whole suite, not one per batch of runs
+        from ..ray_runtime import ray_session
 
-            with ray_session(args.ray or None):
-                progress, played = suite.play(runs, policy, num_envs=args.num_envs, engine=engine,
-                                              address=args.ray or None, seed=args.seed, on_progress=bar)
-        else:
-            progress, played = suite.play(runs, policy, num_envs=args.num_envs, engine=engine, seed=args.seed,
-                                          on_progress=bar)
+        runtime = ray_session(args.ray or None)
+    with OutFolder(out, resume=True), runtime:
+        progress, played = suite.play(runs, policy, num_envs=args.num_envs, engine=engine, address=args.ray or None,
+                                      seed=args.seed, on_progress=bar)
     if bar is not None:
         bar.close()
     for run, result in played:

@@ -42,12 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="a new folder for the .traj and results.json (default: runs/<task>-<time>); "
                         "a folder that already holds a run is refused")
-    parser.add_argument("--num-envs", type=cli_integer(1), default=1,
-                        help="episodes to play at once, in worker processes (or Ray actors with --ray)")
-    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                        help="play the episodes as Ray actors: on the cluster at ADDRESS (host:port, ray://host:port "
-                        "or auto), or on a local runtime started for this run when no ADDRESS is given "
-                        "(needs: pip install 'mlgym-registry[ray]')")
+    add_engine_arguments(parser, "episodes")
     parser.add_argument("--cpus-per-env", type=float, default=None, metavar="N",
                         help="with --ray: CPUs each actor asks for (default: what lets every env run at once, "
                         "at most 1)")
@@ -105,6 +100,16 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps before autosubmission (default: the task's)")
     parser.add_argument("--seed", type=cli_integer(0), default=None,
                         help="seed for the backend and the evaluator (an integer >= 0)")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    """``--num-envs N`` and ``--ray [ADDRESS]``: how many ``unit`` (episodes, runs) to play at once, and where."""
+    parser.add_argument("--num-envs", type=cli_integer(1), default=1,
+                        help=f"{unit} to play at once, in worker processes (or Ray actors with --ray)")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help=f"play the {unit} as Ray actors: on the cluster at ADDRESS (host:port, ray://host:port "
+                        "or auto), or on a local runtime started for this run when no ADDRESS is given "
+                        "(needs: pip install 'mlgym-registry[ray]')")
 
 
 COMPONENT_OPTIONS = ("parser", "template", "reward", "isolator")
