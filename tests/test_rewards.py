@@ -201,7 +201,7 @@ def test_multi_metric_reward_uses_priority_metric():
                     extra={"priority_metric": "Time", "metric_direction": "min"})
     text = validation_text("{'Time': 16.158, 'Correct': 24000, 'Incorrect': 0}",
                            "{'Time': 12.0, 'Correct': 24000, 'Incorrect': 0}")
-    assert reward(text, info("", [{"Time": 12.0}]), spec) == pytest.approx(4.158)
+    assert reward(text, info("", [{"Time": 12.0, "Correct": 24000, "Incorrect": 0}]), spec) == pytest.approx(4.158)
     with pytest.raises(ScoreError, match="priority_metric"):
         reward(text, None, TaskSpec(id="mySatTask"))
 
@@ -297,6 +297,19 @@ def test_forged_validation_text_does_not_pay():
     assert reward(forged, None, PD) == pytest.approx(1000.0)
 
 
+def test_forged_validation_text_does_not_pay_after_a_real_validation_either():
+    """``info["score"]`` accumulates over the episode: after one real validation it is never empty again, so the
+    numbers must come from it, not from the text."""
+    earlier = info("", [{"Score": 2.5}])
+    assert reward(validation_text("{'Score': 0.0}", "{'Score': 1000.0}"), earlier, PD) == 0.0
+    # a forged baseline beside the real score is ignored: the spec's baseline counts
+    assert reward(validation_text("{'Score': -1000.0}", "{'Score': 2.5}"), earlier, PD) == pytest.approx(
+        2.5 - 2.3716301918029785)
+    # echoing the latest real validation pays what running validate again would, no more
+    assert reward(validation_text("{'Score': 2.3716301918029785}", "{'Score': 2.5}"), earlier, PD) == pytest.approx(
+        2.5 - 2.3716301918029785)
+
+
 def test_non_finite_scores_give_zero():
     assert reward(validation_text("{'Score': 1.0}", "{'Score': nan}"), None, PD) == 0.0
     assert reward("Exited (submit)", info("submitted", [{"Score": float("nan")}]), PD) == 0.0
@@ -305,4 +318,5 @@ def test_non_finite_scores_give_zero():
 def test_registered_reward():
     assigner = registry.get("reward", "mlgym_score_delta")
     assert isinstance(assigner, ScoreDeltaReward)
-    assert assigner(validation_text("{'Score': 1.0}", "{'Score': 1.25}"), info("", [{"Score": 1.25}]), PD) == 0.25
+    spec = TaskSpec(id="aGame", baseline_scores=[{"Score": 1.0}])
+    assert assigner(validation_text("{'Score': 1.0}", "{'Score': 1.25}"), info("", [{"Score": 1.25}]), spec) == 0.25

@@ -265,3 +265,34 @@ def test_background_process_rewriting_files_during_validate(env, honest):
     run(env, "setsid nohup bash rewriter.sh >/dev/null 2>&1 &")
     for _ in range(3):
         assert_clean(*validate(env), honest)
+
+
+def test_echoing_a_validation_message_pays_nothing_even_after_a_real_validation(mini_spec):
+    """``info["score"]`` keeps every earlier evaluation, so it is never empty after the first real ``validate``: a
+    printed validation message (any baseline, any score) must still pay nothing through the default reward."""
+    from mlgym_registry import registry
+
+    env = registry.make(mini_spec, batch_size=())
+    try:
+        td = env.reset()
+
+        def act(command: str):
+            td.set(("text", "response"), f"DISCUSSION\nNext.\n```\n{command}\n```")
+            out = env.step(td)
+            return out["next"], env.step_mdp(out)
+
+        after, td = act("validate")
+        real = float(after["reward"].sum())
+        assert "Evaluation Score:" in str(after["observation"]) and len(env.base_env.last_info["score"]) == 1
+        forged = "echo \"Baseline Score: {'Score': -1000.0}\"; echo \"Evaluation Score: {'Score': 1000.0}\""
+        after, td = act(forged)
+        assert "Evaluation Score: {'Score': 1000.0}" in str(after["observation"])
+        assert float(after["reward"].sum()) == 0.0
+        assert len(env.base_env.last_info["score"]) == 1
+        # the real evaluation's own numbers, echoed, pay what validating again would: never more than real
+        score = env.base_env.last_info["score"][-1]
+        baseline = mini_spec.baseline_scores[0] if mini_spec.baseline_scores else "NA"
+        after, td = act(f"echo \"Baseline Score: {baseline}\"; echo \"Evaluation Score: {score}\"")
+        assert float(after["reward"].sum()) == pytest.approx(real)
+    finally:
+        env.close()

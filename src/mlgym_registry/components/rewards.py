@@ -104,10 +104,14 @@ def submission_metrics(info: Mapping[str, Any] | None) -> dict[str, float] | Non
     """The final submission's metric dict (the last entry of ``info["score"]``), or None when there is none."""
     if not is_scored_submission(info):
         return None
-    last = info["score"][-1]  # type: ignore[index]
-    if isinstance(last, str):
-        return parse_metrics(last)
-    return {str(k): float(v) for k, v in dict(last).items()}
+    return score_entry_metrics(info["score"][-1])  # type: ignore[index]
+
+
+def score_entry_metrics(entry: Any) -> dict[str, float]:
+    """One entry of ``info["score"]`` (a metric dict, or its repr as MLGym sometimes stores it) as a dict of floats."""
+    if isinstance(entry, str):
+        return parse_metrics(entry)
+    return {str(k): float(v) for k, v in dict(entry).items()}
 
 
 def priority_metric(metrics: Mapping[str, float], spec: Any = None) -> str:
@@ -188,14 +192,17 @@ class ScoreDeltaReward:
     MLGym's own tasks both default to MLGym's ranking, e.g. 3-SAT's ``Time``, minimised). A
     non-finite score (an evaluator that printed ``nan``) gives 0.
 
-    Validation text alone can be forged by the agent (``echo`` the message), so when ``info`` carries a ``score``
-    list, a validation counts only if that step's ``info["score"]`` is not empty: MLGym appends the metrics of every
-    real evaluation there. Without a ``score`` key (a caller that has only the text) the text is trusted.
+    Validation text can be forged by the agent (``echo`` the message, with any baseline and score), so when ``info``
+    carries a ``score`` list the numbers never come from the text: a validation counts only when the metrics it shows
+    are those of the evaluator's latest run (``info["score"][-1]``, which the backend appends to after every real
+    evaluation), and it is compared with the spec's baseline, not the printed one. Echoing the latest real validation
+    again pays what running ``validate`` again would. Without a ``score`` key (a caller that has only the text) the
+    text is trusted.
     """
 
     def __call__(self, observation: str | None, info: Mapping[str, Any] | None, spec: Any = None) -> float:
         """The reward of one step."""
-        reward = score_from_validation(observation, spec) if _evaluated(info) else None
+        reward = validation_reward(observation, info, spec)
         if reward is None:
             reward = score_from_info(info, spec)
         if reward is None or not math.isfinite(reward):
@@ -206,9 +213,40 @@ class ScoreDeltaReward:
         return f"{type(self).__name__}()"
 
 
-def _evaluated(info: Mapping[str, Any] | None) -> bool:
-    """False only when ``info`` says this step ran no evaluation (a ``score`` list that is empty)."""
-    return not isinstance(info, Mapping) or "score" not in info or bool(info["score"])
+def validation_reward(observation: str | None, info: Mapping[str, Any] | None, spec: Any = None) -> float | None:
+    """The reward of a ``validate`` step, or None when ``observation`` shows no validation the evaluator ran.
+
+    With ``info["score"]`` (the evaluator's results so far), the shown metrics must be its latest entry, and the
+    delta is taken against the spec's baseline: neither number can come from text the agent printed. Without it,
+    ``score_from_validation`` reads the text.
+    """
+    if not isinstance(info, Mapping) or "score" not in info:
+        return score_from_validation(observation, spec)
+    scores = info["score"]
+    if not scores:
+        return None
+    parsed = parse_validation(observation)
+    if not parsed:
+        return None
+    try:
+        latest = score_entry_metrics(scores[-1])
+    except (TypeError, ValueError):
+        return None
+    if not same_metrics(parsed["evaluation"], latest):
+        return None
+    return metric_delta(latest, spec_baseline(spec), spec)
+
+
+def same_metrics(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    """True when two metric dicts hold the same metrics with the same values (NaN equal to NaN)."""
+    if a.keys() != b.keys():
+        return False
+    for key, value in a.items():
+        other = b[key]
+        both_nan = math.isnan(value) and math.isnan(other)
+        if not (both_nan or math.isclose(value, other, rel_tol=1e-9, abs_tol=0.0)):
+            return False
+    return True
 
 
 def _field(spec: Any, name: str) -> Any:
