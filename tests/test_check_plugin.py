@@ -30,7 +30,7 @@ def register_action_isolators(register):
 
 
 class TaggedParser:
-    def format_example(self, action):
+    def format_action(self, action):
         return f"Let me do this.\\n<cmd>{action}</cmd>"
 
     def __call__(self, response):

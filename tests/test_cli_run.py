@@ -143,12 +143,13 @@ def test_num_envs_runs_episodes_in_workers_and_records_each(tmp_path):
 
 def test_a_component_swapped_in_from_the_command_line_runs_the_episode(tmp_path, capsys):
     out = tmp_path / "xml"
-    # the scripted policy writes fenced blocks, which the <command> parser does not take: format errors end the episode
+    # the scripted policy writes in the swapped parser's format (<command> tags): no format error, the steps run out
     assert cli_main(["run", "blotto", "--parser", "xml_thought_action", "--max-steps", "2", "--out", str(out),
                      "--quiet"]) == 0
     trajectory = load_traj(out / "blotto.traj")
-    assert trajectory.info["exit_status"] == "autosubmission (exit_format)"
-    assert [step.observation for step in trajectory.steps][:1] == ["No action found in model response."]
+    assert trajectory.info["exit_status"] == "autosubmission (max_steps)"
+    assert [step.action for step in trajectory.steps][:1] == ["ls -a"]
+    assert all("<command>" in step.response and "```" not in step.response for step in trajectory.steps)
     assert cli_main(["run", "blotto", "--reward", "mlgym_score_delt", "--out", str(tmp_path / "bad")]) == 2
     assert "unknown reward 'mlgym_score_delt'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()

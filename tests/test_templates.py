@@ -50,6 +50,7 @@ def format_args(observation: str | None = None, *, step: int = 0, max_steps: int
         **dataclasses.asdict(task),
         "command_docs": "open:\n  docstring: opens a file\n  signature: open \"<path>\" [<line_number>]\n",
         "WINDOW": "1000", "OVERLAP": "2", "CURRENT_LINE": "0", "CURRENT_FILE": "",
+        "format_instructions": ThoughtActionParser.format_instructions.rstrip(),  # the default parser's
         **state,
         "current_step": step,
         "remaining_steps": max_steps - step,
@@ -70,7 +71,8 @@ def test_status_block_is_mlgym_interface_format():
 def test_default_placeholders():
     t = mlgym_default()
     assert t.name == "mlgym_default"
-    assert fields(t.system_template) == {"WINDOW", "command_docs", "training_timeout"}
+    # {format_instructions}: how to reply in the task's parser's format, so that the prompt follows the parser
+    assert fields(t.system_template) == {"WINDOW", "command_docs", "training_timeout", "format_instructions"}
     assert fields(t.task_template) == {"description"} | STATUS_FIELDS
     assert fields(t.next_step_template) == {"observation"} | STATUS_FIELDS
     assert fields(t.next_step_no_output_template) == STATUS_FIELDS

@@ -151,13 +151,14 @@ class TextPolicy(TensorDictModuleBase):
     """
 
     def __init__(self, policy: str, task_id: str | None = None, layout: str = "default",
-                 episodes: int | None = None):
+                 episodes: int | None = None, parser: str | None = None):
         from .transforms.layout import get_layout
 
         super().__init__()
         keys = get_layout(layout)
         self.policy_text = policy
         self.task_id = task_id
+        self.parser = parser  # the env's parser (name or "module:attr"): the scripted policy writes in its format
         self.layout_name = layout
         self.episodes = episodes
         self.in_keys = [keys.history]
@@ -176,7 +177,7 @@ class TextPolicy(TensorDictModuleBase):
 
         messages = as_dicts(tensordict.get(self.in_keys[0]))
         if self._policy is None:
-            self._policy = make_policy(self.policy_text, task_id=self.task_id)
+            self._policy = make_policy(self.policy_text, task_id=self.task_id, parser=self.parser)
         if len(messages) <= 2:
             self._started += 1
             self._policy.reset()
@@ -313,7 +314,8 @@ def run_parallel(
     # each env seeds its own episodes, as Ray's runner seeds them (TorchRL's set_seed would derive other seeds)
     factories = [EnvFactory(spec.to_dict(), dict(options), index=index, seed=None if seed is None else seed + index,
                             seed_stride=num_envs) for index in range(num_envs)]
-    module = TextPolicy(policy, task_id=spec.id, episodes=episodes_per_env)
+    module = TextPolicy(policy, task_id=spec.id, episodes=episodes_per_env,
+                        parser=spec.components.get("parser") or spec.parser)
     receiver = _Receiver(spec, registry.component(spec, "parser"), module, out, episodes_per_env, folders)
     # the text policy has no weights to send; TorchRL's default shared-memory scheme for nn.Module policies can also
     # deadlock a worker when it is garbage-collected (its __del__ starts a queue thread)

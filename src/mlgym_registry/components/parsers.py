@@ -2,8 +2,18 @@
 
 A parser is any callable ``parser(response: str) -> (thought, action)`` that raises
 ``mlgym_registry.errors.FormatError`` when the response holds no usable action. The parsers here reproduce the
-behaviour of MLGym's parsers of the same purpose (checked against MLGym's recorded trajectories); their error
-explanations (``format_error_message``) are our own wording.
+behaviour of MLGym's parsers of the same purpose (checked against MLGym's recorded trajectories).
+
+Beside ``__call__`` a parser may describe its format, and every parser here does (in our own wording):
+
+- ``format_instructions: str``: how to write a reply, example included; the system prompt shows it under HOW TO
+  REPLY (the ``{format_instructions}`` placeholder of the templates).
+- ``format_error_message: str``: the text that asks the model to answer again after a format error.
+- ``format_action(action) -> str``: a response that carries ``action`` in this format. For an ordinary command
+  (no line that is a fence, no ``</command>`` inside), ``parser(parser.format_action(a))[1].strip() == a.strip()``;
+  the fenced parsers give the action back with one trailing newline, as they give every action.
+
+All three are optional for parsers of other plugins: the chain and the conformance kit fall back to generic text.
 """
 
 from __future__ import annotations
@@ -24,18 +34,49 @@ _FENCE = re.compile(r"^```(\S*)\s*\n|^```\s*$", re.MULTILINE)
 # Any ```...``` pair anywhere in the text, counted non-greedily (what MLGym's strict parser counts).
 _ANY_BLOCK = re.compile(r"```([\s\S]*?)```")
 
-_FENCED_FORMAT = """\
-Your reply could not be used: no command was run.
-Each reply must contain a short discussion followed by exactly one command, written in a fenced code block that
-starts with a line of three backticks and ends with another line of three backticks, like this:
+_UNUSED = "Your reply could not be used: no command was run.\n"
 
-DISCUSSION
-What I have learned so far and what this command is meant to do.
+_REPLY_SHAPE = """\
+Every reply has two parts, in this order:
+1. A short DISCUSSION: what you have learned so far and what the next command should achieve.
+2. """
+"""The start of the fenced and tagged parsers' instructions; their own rule for the command follows."""
 
-```
-the command to run
-```
+_FENCED_RULE = """\
+Exactly one command, in a fenced code block: a line of three backticks, the command, and a closing line of three
+   backticks.
 """
+
+_TAGGED_RULE = """\
+Exactly one command, between a line holding the tag <command> and a line holding the closing tag </command>.
+"""
+
+_ONE_BLOCK_ONLY = "\nWrite only one code block per reply, and no other triple backticks, even inside the discussion.\n"
+
+_BARE_RULE = "Reply with the command to run and nothing else: the whole reply is run as one command.\n"
+
+
+def _fenced(action: str) -> str:
+    """``action`` in a fenced code block (the body ends with exactly the newline the closing fence needs)."""
+    body = action if action.endswith("\n") else action + "\n"
+    return f"```\n{body}```"
+
+
+def _tagged(action: str) -> str:
+    """``action`` between ``<command>`` and ``</command>`` lines."""
+    return f"<command>\n{action.strip()}\n</command>"
+
+
+def _instructions(rule: str, show: str, extra: str = "") -> str:
+    """A parser's ``format_instructions``: the reply's shape, its ``rule`` for the command, an example."""
+    example = "I do not know the layout of the workspace yet, so I will list every file in it, hidden ones included."
+    return f"{_REPLY_SHAPE}{rule}\nFor example:\n\nDISCUSSION\n{example}\n\n{show}\n{extra}"
+
+
+def _retry(rule: str, show: str, extra: str = "") -> str:
+    """A parser's ``format_error_message``: the same shape and rule, with a template of a reply."""
+    return (f"{_UNUSED}{_REPLY_SHAPE}{rule}\nLike this:\n\nDISCUSSION\nWhat I have learned so far and what this "
+            f"command is meant to do.\n\n{show}\n{extra}")
 
 
 class ThoughtActionParser:
@@ -47,7 +88,8 @@ class ThoughtActionParser:
     before plus the text after the block. Same semantics as MLGym's ``ThoughtActionParser`` (TorchRL's default).
     """
 
-    format_error_message: str = _FENCED_FORMAT
+    format_instructions: str = _instructions(_FENCED_RULE, _fenced("ls -a"))
+    format_error_message: str = _retry(_FENCED_RULE, _fenced("the command to run"))
 
     def __call__(self, response: str) -> tuple[str, str]:
         """Split ``response`` into ``(thought, action)``; ``FormatError`` when there is no complete block."""
@@ -56,6 +98,10 @@ class ThoughtActionParser:
             raise FormatError(NO_ACTION)
         open_start, open_end, close_start, close_end = span
         return response[:open_start] + response[close_end:], response[open_end:close_start]
+
+    def format_action(self, action: str) -> str:
+        """``action`` in a fenced code block; parsed back, it keeps (or gains) one trailing newline."""
+        return _fenced(action)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -68,10 +114,8 @@ class StrictThoughtActionParser(ThoughtActionParser):
     (``MLGymThoughtActionParser``) does.
     """
 
-    format_error_message: str = (
-        _FENCED_FORMAT
-        + "\nWrite only one code block per reply, and no other triple backticks, even inside the discussion.\n"
-    )
+    format_instructions: str = _instructions(_FENCED_RULE, _fenced("ls -a"), _ONE_BLOCK_ONLY)
+    format_error_message: str = _retry(_FENCED_RULE, _fenced("the command to run"), _ONE_BLOCK_ONLY)
 
     def __call__(self, response: str) -> tuple[str, str]:
         """Split ``response`` into ``(thought, action)``; ``FormatError`` on zero or several code blocks."""
@@ -83,16 +127,8 @@ class StrictThoughtActionParser(ThoughtActionParser):
 class XMLThoughtActionParser:
     """The last ``<command>...</command>`` is the action; the text around it is the thought. Both are stripped."""
 
-    format_error_message: str = """\
-Your reply could not be used: no command was run.
-Each reply must contain a short discussion followed by exactly one command between <command> and </command> tags:
-
-DISCUSSION
-What I have learned so far and what this command is meant to do.
-<command>
-the command to run
-</command>
-"""
+    format_instructions: str = _instructions(_TAGGED_RULE, _tagged("ls -a"))
+    format_error_message: str = _retry(_TAGGED_RULE, _tagged("the command to run"))
 
     def __call__(self, response: str) -> tuple[str, str]:
         """Split ``response`` into ``(thought, action)``; ``FormatError`` when there is no complete tag pair."""
@@ -104,6 +140,10 @@ the command to run
         thought = response[:start] + response[close + len("</command>"):]
         return thought.strip(), action.strip()
 
+    def format_action(self, action: str) -> str:
+        """``action`` between ``<command>`` and ``</command>`` lines; parsed back, it comes out stripped."""
+        return _tagged(action)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -111,11 +151,19 @@ the command to run
 class IdentityParser:
     """The whole response is both the thought and the action (for models that answer with a bare command)."""
 
-    format_error_message: str = "Your reply could not be used: no command was run. Reply with the command to run.\n"
+    format_instructions: str = (
+        _BARE_RULE + "No discussion, no explanation, no code fences or tags around it.\n\nFor example, to list every "
+        "file in the workspace, hidden ones included, the whole reply is:\n\nls -a\n"
+    )
+    format_error_message: str = _UNUSED + _BARE_RULE
 
     def __call__(self, response: str) -> tuple[str, str]:
         """Return ``(response, response)``."""
         return response, response
+
+    def format_action(self, action: str) -> str:
+        """``action`` itself: the whole response is the command."""
+        return action
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

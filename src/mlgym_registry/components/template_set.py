@@ -9,9 +9,11 @@ from dataclasses import dataclass
 class TemplateSet:
     """Prompt templates in MLGym's shape, formatted with ``str.format`` placeholders.
 
-    ``system_template`` takes ``{command_docs}``, the tool env variables (``{WINDOW}``) and every task field
-    (``{training_timeout}``); the others take the task fields, the ``state`` JSON fields (``{open_file}``,
-    ``{working_dir}``), ``{current_step}``, ``{remaining_steps}`` and ``{observation}``.
+    ``system_template`` takes ``{command_docs}``, the tool env variables (``{WINDOW}``), every task field
+    (``{training_timeout}``) and ``{format_instructions}`` (how the task's parser wants replies written); the others
+    take the task fields, the ``state`` JSON fields (``{open_file}``, ``{working_dir}``), ``{current_step}``,
+    ``{remaining_steps}`` and ``{observation}``. ``format_error_template`` is the retry message after a reply without
+    a command; when it is None the parser's ``format_error_message`` is used. docs/plugins.md has the full table.
     """
 
     name: str

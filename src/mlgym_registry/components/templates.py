@@ -2,7 +2,9 @@
 
 Templates are ``str.format`` strings with MLGym's placeholders: the system template takes ``{command_docs}``, the
 tool variables (``{WINDOW}``) and the task fields (``{training_timeout}``); the turn templates take ``{description}``,
-``{observation}`` and the status-block fields below.
+``{observation}`` and the status-block fields below. Every template may also use ``{format_instructions}``: how to
+write a reply in the format of the task's parser (``format_reply_instructions``), which ``mlgym_default`` shows under
+HOW TO REPLY, so that swapping the parser changes what the model is told.
 
 To use your own MLGym agent config, register it as a template by path::
 
@@ -58,19 +60,7 @@ Mind the indentation when you edit a file: the replacement text is written exact
 needs all of its leading spaces.
 
 HOW TO REPLY
-Every reply has two parts, in this order:
-1. A short DISCUSSION: what you have learned so far and what the next command should achieve.
-2. Exactly one command, in a fenced code block: a line of three backticks, the command, and a closing line of three
-   backticks.
-
-For example:
-
-DISCUSSION
-I do not know the layout of the workspace yet, so I will list every file in it, hidden ones included.
-
-```
-ls -a
-```
+{format_instructions}
 
 Send one command per reply and wait for its output before sending the next one; put any further commands in later
 replies. Multi-line commands such as edit and insert count as one command.
@@ -98,7 +88,7 @@ are done.
 TASK DESCRIPTION:
 {description}
 
-Reply with a DISCUSSION and one command in a fenced code block, as described above.
+Reply in the format described in the system message: one command per reply.
 
 """ + STATUS_BLOCK
 
@@ -116,8 +106,9 @@ Here is an example of a complete episode on another task, for reference only:
 def mlgym_default() -> TemplateSet:
     """The default template set: MLGym's fields, placeholders and status block, in our own wording.
 
-    ``format_error_template`` is left unset so that the parser's own ``format_error_message`` explains the format it
-    expects (see ``format_error_message``).
+    The system template shows the parser's ``{format_instructions}`` under HOW TO REPLY, and ``format_error_template``
+    is left unset so that the parser's own ``format_error_message`` explains the format it expects (see
+    ``format_error_message``): the whole prompt follows the task's parser.
     """
     return TemplateSet(
         name="mlgym_default",
@@ -127,6 +118,34 @@ def mlgym_default() -> TemplateSet:
         next_step_no_output_template=_NEXT_STEP_NO_OUTPUT,
         demonstration_template=_DEMONSTRATION,
     )
+
+
+GENERIC_FORMAT_INSTRUCTIONS = (
+    "Every reply holds a short explanation of what you intend to do, then exactly one command to run, written in "
+    "the format this environment reads commands in."
+)
+"""``{format_instructions}`` for a parser that describes its format neither with ``format_instructions`` nor with
+``format_action``."""
+
+
+def format_reply_instructions(parser: Any) -> Any:
+    """What ``{format_instructions}`` shows for ``parser`` (the chain checks that the result is a string).
+
+    The parser's ``format_instructions`` when it declares them (not None); else, when it declares
+    ``format_action(action)``, a sentence with ``format_action("ls -a")`` as the example; else
+    ``GENERIC_FORMAT_INSTRUCTIONS``. A str comes back with trailing blank space removed.
+    """
+    text = getattr(parser, "format_instructions", None)
+    if text is None:
+        write = getattr(parser, "format_action", None)
+        if not callable(write):
+            return GENERIC_FORMAT_INSTRUCTIONS
+        example = write("ls -a")
+        if not isinstance(example, str):
+            return example
+        text = ("Every reply holds exactly one command to run, in the format shown here for the command `ls -a`:\n\n"
+                + example)
+    return text.rstrip() if isinstance(text, str) else text
 
 
 def format_error_message(templates: TemplateSet, parser: Any = None) -> str:

@@ -34,16 +34,20 @@ class PolicyText(str):
         return PolicyText, (str(self), self.options)
 
 
-def make_policy(text: str, *, task_id: str | None = None, **options: Any) -> Policy:
+def make_policy(text: str, *, task_id: str | None = None, parser: Any = None, **options: Any) -> Policy:
     """Build a policy from ``"scripted"``, ``"replay:PATH.traj"``, ``"human"``, ``"transformers:MODEL_DIR"`` or
     ``"openai:MODEL"`` (``options``: ``OpenAIPolicy``'s, e.g. ``base_url=``); a ``PolicyText``'s own options are used
-    too, under those given here."""
+    too, under those given here.
+
+    ``parser`` is the env's parser (a parser, a registered name or a lazy ``"module:attr"`` reference) for the
+    scripted policy, which writes its commands in that parser's format (a spec given to its ``reset`` names the
+    parser too, and wins); the other policies ignore it (a model reads the format from the system prompt)."""
     options = {**getattr(text, "options", {}), **options}
     kind, _, argument = text.partition(":")
     if kind == "scripted":
         from .scripted import ScriptedPolicy
 
-        return ScriptedPolicy(task_id=task_id)
+        return ScriptedPolicy(task_id=task_id, parser=parser)
     if kind == "human":
         from .human import HumanPolicy
 

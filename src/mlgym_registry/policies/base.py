@@ -2,7 +2,7 @@
 
 ``policy(messages)`` receives the chat so far as a list of ``{"role", "content"}`` dicts (system, then alternating
 user and assistant turns, ending with the user turn the model must answer) and returns the response text, exactly as
-a model would produce it: a short discussion and one fenced command block.
+a model would produce it (a short discussion and one command, in the format the env's parser reads).
 """
 
 from __future__ import annotations

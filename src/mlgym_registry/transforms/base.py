@@ -10,6 +10,7 @@ from torchrl.envs import Transform
 
 from .. import output_checks
 from ..components.template_set import TemplateSet
+from ..components.templates import format_reply_instructions
 from .backend_env import BackendEnv, task_fields
 from .layout import Layout
 
@@ -102,7 +103,8 @@ class ChainTransform(Transform):
         return format_template(template, fields, what=what)
 
     def template_fields(self) -> dict[str, Any]:
-        """Task fields plus ``command_docs`` and the tools' env variables: what every template may use.
+        """Task fields plus ``command_docs``, the tools' env variables and ``format_instructions`` (how to write a
+        reply for the current task's parser, ``format_reply_instructions``): what every template may use.
 
         They are fixed for an episode, so they are gathered once per reset (the reset module clears the cache).
         """
@@ -113,5 +115,19 @@ class ChainTransform(Transform):
             if tools is not None:
                 fields.update(tools.env_variables)
                 fields["command_docs"] = tools.command_docs
+            fields["format_instructions"] = self._format_instructions()
             base.fields = fields
         return dict(base.fields)
+
+    def _format_instructions(self) -> Any:
+        """The current task's parser's ``format_instructions`` (or the fallback), checked to be a string."""
+        parser = self.base.task.parser
+        text = format_reply_instructions(parser)
+        if output_checks.ENABLED and not isinstance(text, str):
+            source = ("format_instructions" if getattr(parser, "format_instructions", None) is not None
+                      else "format_action('ls -a')")
+            raise output_checks.fail("parser", self.base.task, f"gave {output_checks.short_repr(text)} as its "
+                                     f"{source}", "a parser's format_instructions (how to write a reply, shown in the "
+                                     "system prompt) must be a string, and format_action(action) must return the "
+                                     "response text (a string)", text)
+        return text

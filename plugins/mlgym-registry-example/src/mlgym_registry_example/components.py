@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from mlgym_registry import FormatError, TaskSpec
+from mlgym_registry.components.rewards import validation_reward
 
 _FENCED_JSON = re.compile(r"^```(?:json)?\s*\n(.*?)\n```\s*$", re.DOTALL | re.MULTILINE)
 
@@ -14,10 +15,15 @@ _FENCED_JSON = re.compile(r"^```(?:json)?\s*\n(.*?)\n```\s*$", re.DOTALL | re.MU
 class JsonCommandParser:
     """Parse ``{"thought": "...", "command": "..."}`` (bare, or in a ```json fence) into ``(thought, command)``."""
 
-    format_error_message = (
-        "Reply with one JSON object with two string fields, "
+    format_instructions = (
+        "Reply with one JSON object with two string fields, the thought and the command to run, "
         'for example {"thought": "look around", "command": "ls -a"}.'
     )
+    format_error_message = "Your reply could not be used: no command was run. " + format_instructions
+
+    def format_action(self, action: str) -> str:
+        """The reply that runs ``action``."""
+        return json.dumps({"thought": "Next step.", "command": action})
 
     def __call__(self, response: str) -> tuple[str, str]:
         candidates = [m.group(1) for m in _FENCED_JSON.finditer(response)] or [response.strip()]
@@ -28,24 +34,22 @@ class JsonCommandParser:
                 continue
             if isinstance(data, dict) and isinstance(data.get("command"), str) and data["command"].strip():
                 return str(data.get("thought", "")), data["command"]
-        raise FormatError(f"No JSON command found in model response. {self.format_error_message}")
-
-
-VALIDATED = "Your code produced a valid submission artefact"
+        raise FormatError(f"No JSON command found in model response. {self.format_instructions}")
 
 
 class RelativeImprovementReward:
     """Reward a step that scored (a validate, or the final evaluation) by ``(score - baseline) / |baseline|``.
 
     Stateless: the step's own score is the last entry of ``info["score"]``, and the step scored when its observation
-    is MLGym's validate message or the episode ended with an evaluation (``exit_status`` "submitted" or
-    "autosubmission (...)").
+    is a validate message showing that entry's metrics (``validation_reward`` refuses numbers the agent printed
+    itself) or the episode ended with an evaluation (``exit_status`` "submitted" or "autosubmission (...)").
     """
 
     def __call__(self, observation: str, info: dict[str, Any], spec: TaskSpec) -> float:
         scores = info.get("score") or []
         status = info.get("exit_status") or ""
-        scored = (observation or "").startswith(VALIDATED) or status == "submitted" or status.startswith("autosub")
+        validated = validation_reward(observation, info, spec) is not None
+        scored = validated or status == "submitted" or status.startswith("autosub")
         if not (scored and scores and spec.baseline):
             return 0.0
         metric = spec.extra.get("priority_metric") or next(iter(spec.baseline))
