@@ -156,7 +156,8 @@ def test_spec_fills_lazy_component_references(task_file):
     spec = registry.spec(load_task_yaml(task_file))
     assert spec.components["parser"] == "mlgym_registry.components.parsers:ThoughtActionParser"
     assert spec.components["backend"] == "mlgym_registry.backends.local:LocalBackend"
-    assert set(spec.components) == {"backend", "parser", "template", "reward", "isolator"}
+    assert set(spec.components) == {"backend", "parser", "template", "reward", "isolator", "history"}
+    assert spec.components["history"] == "mlgym_registry.components.history_processors:FullHistory"
 
 
 def test_spec_json_round_trip_through_a_subprocess(task_file):
@@ -209,7 +210,7 @@ def test_make_takes_a_name_or_tasks_not_both():
 
 def test_errors_are_part_of_the_public_api():
     assert issubclass(FormatError, ValueError)
-    assert set(KINDS) == {"task", "backend", "parser", "template", "reward", "isolator"}
+    assert set(KINDS) == {"task", "backend", "parser", "template", "reward", "isolator", "history"}
 
 
 AGENT_YAML = """\

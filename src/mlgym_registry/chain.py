@@ -1,7 +1,8 @@
 """Builds the TorchRL transform chain ``registry.make`` returns (DESIGN.md section 5) from resolved components.
 
 In order: retry skip, action isolator, reset module, task sampler (``tasks=[...]`` only), read state, state to
-message, message to history, chat template, reward assigner, over a ``BackendEnv`` that steps the backend. The
+message, message to history, history view (only with a history processor other than ``full``), chat template,
+reward assigner, over a ``BackendEnv`` that steps the backend. The
 default layout adds the group key (``query``), the prompt's tokens (``input_mode="tokens"``) and, last, the batch
 stage that gives the env TorchRL ``ChatEnv``'s batch shape ``(1,)``.
 """
@@ -29,6 +30,12 @@ CHAIN_OPTIONS = (
     "max_turns",
 )
 """The keyword options ``build_env`` (and so ``registry.make``) takes for the chain itself."""
+
+
+def shapes_history(processor: Any) -> bool:
+    """True when ``processor`` (a task's history processor) may show the policy less than the whole conversation:
+    anything but None and processors that declare ``keeps_all = True`` (``full``)."""
+    return processor is not None and not getattr(processor, "keeps_all", False)
 
 
 def build_env(
@@ -75,6 +82,7 @@ def build_env(
         ChatBatch,
         ChatTemplate,
         GroupKey,
+        HistoryView,
         MessageToHistory,
         ReadState,
         ResetModule,
@@ -103,6 +111,9 @@ def build_env(
         )
     if batch_size is None:
         batch_size = () if keys.query is None else (1,)
+    processing = any(shapes_history(task.history) for task in resolved)
+    if processing:
+        keys = keys.with_conversation()
     base = BackendEnv(resolved, keys, device=device, max_format_errors=max_format_errors, max_turns=max_turns)
     stages = [
         RetrySkip(keys),
@@ -112,9 +123,17 @@ def build_env(
     if multi_task:
         stages.append(TaskSampler(keys, list(base.tasks)))
     chat_template = ChatTemplate(keys, tokenizer=tokenizer, chat_template_name=chat_template_name)
-    stages += [ReadState(keys), StateToMessage(keys), MessageToHistory(keys), chat_template]
+    stages += [ReadState(keys), StateToMessage(keys), MessageToHistory(keys)]
+    if processing:
+        stages.append(HistoryView(keys))
+        if chat_template.tokenizer is not None:
+            for task in resolved:
+                set_tokenizer = getattr(task.history, "set_tokenizer", None)
+                if callable(set_tokenizer):
+                    set_tokenizer(chat_template.tokenizer)
+    stages.append(chat_template)
     if input_mode == "tokens":
-        stages.append(TokensPrompt(keys, chat_template.tokenizer))
+        stages.append(TokensPrompt(keys, chat_template.tokenizer, chat_template.prompt))
     stages.append(RewardAssigner(keys))
     if keys.query is not None:
         stages.append(GroupKey(keys))

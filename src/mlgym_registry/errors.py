@@ -58,9 +58,12 @@ class PluginLoadError(MLGymRegistryError):
             where += f" from distribution {distribution!r}"
         if entry_point:
             where += f" (entry point {entry_point!r})"
+        reason = f"{type(cause).__name__}: {str(cause).rstrip()}" if str(cause).strip() else type(cause).__name__
+        if not reason.endswith((".", "!", "?")):  # the cause's own full stop ends the sentence; never add a second
+            reason += "."
         super().__init__(
-            f"Error loading {where}: {type(cause).__name__}: {cause}. Fix or uninstall that distribution, or block it "
-            f"with MLGYM_REGISTRY_BLOCK_PLUGINS={distribution or plugin}."
+            f"Error loading {where}: {reason} Fix or uninstall that distribution, or block "
+            f"it with MLGYM_REGISTRY_BLOCK_PLUGINS={distribution or plugin}."
         )
 
 
@@ -106,7 +109,7 @@ class ComponentOutputError(MLGymRegistryError):
     ``ValueError``: ``FormatError`` is one, and a broken component must not pass for a malformed response."""
 
     LABELS = {"parser": "parser", "isolator": "action isolator", "reward": "reward assigner",
-              "template": "template set"}
+              "template": "template set", "history": "history processor"}
 
     def __init__(self, kind: str, name: str, origin: str, problem: str, contract: str, value: object = None):
         self.kind, self.name, self.origin, self.problem, self.contract, self.value = (

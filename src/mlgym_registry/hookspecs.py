@@ -50,5 +50,11 @@ def register_reward_assigners(register: Register) -> None:
 
 
 @hookspec
+def register_history_processors(register: Register) -> None:
+    """Register history processors: ``processor(messages: list[dict]) -> list[dict]``, what of the conversation
+    the policy sees (components.history_processors)."""
+
+
+@hookspec
 def register_action_isolators(register: Register) -> None:
     """Register action isolators: ``isolator(response: str, parser) -> action``; ``FormatError`` on no action."""

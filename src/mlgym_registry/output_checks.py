@@ -8,6 +8,7 @@
   the same ``score`` list with the same metric dicts (compared shallowly: one level into ``info`` and into each of
   ``info["score"]``'s dicts; a shallow copy of those is taken before the call, a few dozen objects at most).
 - template set: the templates the chain renders (and the format-error text) are strings.
+- history processor: a non-empty list of ``{"role", "content"}`` dicts, each role one of system, user, assistant.
 
 A violation raises ``ComponentOutputError``, which names the kind, the registered name, the distribution that
 registered it, the bad value and the contract. The checks cost a few isinstance calls per step (``bench/
@@ -34,6 +35,8 @@ CONTRACTS = {
               "a bool will not)",
     "reward_info": "a reward assigner must not change the info it is given (copy it first)",
     "template": "a template set's templates must be strings (str.format templates) and render to strings",
+    "history": "a history processor must return a non-empty list of {'role': 'system' | 'user' | 'assistant', "
+               "'content': str} dicts",
 }
 
 _MISSING = object()
@@ -227,3 +230,18 @@ def check_template_text(value: Any, task: Any, what: str) -> str:
     if isinstance(value, str):
         return value
     raise fail("template", task, f"gave {short_repr(value)} as its {what}", CONTRACTS["template"], value)
+
+
+# -- history processor -------------------------------------------------------------------------------------------
+_ROLES = frozenset(("system", "user", "assistant"))
+
+
+def check_history_output(value: Any, task: Any) -> list:
+    """``value`` when it is a non-empty list of ``{"role", "content"}`` dicts with a known role and string content;
+    ``ComponentOutputError`` naming the first bad message otherwise."""
+    if type(value) is not list or not value:
+        raise fail("history", task, returned(value), CONTRACTS["history"], value)
+    for index, item in enumerate(value):
+        if type(item) is not dict or item.get("role") not in _ROLES or type(item.get("content")) is not str:
+            raise fail("history", task, f"returned {short_repr(item)} as message {index}", CONTRACTS["history"], item)
+    return value

@@ -42,6 +42,7 @@ HOOKS_BY_KIND: dict[str, str] = {
     "template": "register_templates",
     "reward": "register_reward_assigners",
     "isolator": "register_action_isolators",
+    "history": "register_history_processors",
 }
 
 BUILTIN_DISTRIBUTION = "mlgym-registry"

@@ -178,7 +178,8 @@ def build_component(kind: str, obj: Any) -> Any:
 
 
 class Registry:
-    """Named tasks and components of six kinds: task, backend, parser, template, reward and isolator.
+    """Named tasks and components of seven kinds: task, backend, parser, template, reward, isolator and history
+    (processor).
 
     Plugins load on first use. ``make`` resolves a task name plus overrides into a built TorchRL env.
     """
@@ -413,6 +414,7 @@ class Registry:
             template=self.component(spec, "template"),
             reward=self.component(spec, "reward"),
             isolator=self.component(spec, "isolator"),
+            history=self.component(spec, "history"),
             backend_options=backend_options,
         )
         return resolved, chain_options
@@ -427,9 +429,10 @@ class Registry:
         """Build the TorchRL env of a task (or of several, sampled on each reset, with ``tasks=[...]``).
 
         Overrides replace what the spec names (``backend=``, ``parser=``, ``template=``, ``reward=``, ``isolator=``,
-        ``max_steps=``), configure the chain (``tokenizer=``, ``chat_template_name=``, ``reward_wrong_format=``,
-        ``device=``, ``layout=``, ``batch_size=``, ``input_mode=``, ``max_format_errors=``, ``max_turns=``; see
-        ``chain.build_env``) or go to the backend (its factory's keyword arguments, or ``backend_options={...}``).
+        ``history=``, ``max_steps=``), configure the chain (``tokenizer=``, ``chat_template_name=``,
+        ``reward_wrong_format=``, ``device=``, ``layout=``, ``batch_size=``, ``input_mode=``, ``max_format_errors=``,
+        ``max_turns=``; see ``chain.build_env``) or go to the backend (its factory's keyword arguments, or
+        ``backend_options={...}``).
         Unknown keys raise ``InvalidOverrideError`` (``UnknownOptionError`` for a backend option the backend does
         not take); a value of the wrong type or out of range raises ``InvalidOptionError`` (a ``ValueError``) naming
         the option and its valid range (see ``validation.OPTION_RULES``). Both are raised before anything is built.

@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import InvalidTaskError
 
-COMPONENT_KINDS = ("backend", "parser", "template", "reward", "isolator")
+COMPONENT_KINDS = ("backend", "parser", "template", "reward", "isolator", "history")
 KINDS = ("task",) + COMPONENT_KINDS
 
 
@@ -77,6 +77,7 @@ class TaskSpec:
     template: str = "mlgym_default"
     reward: str = "mlgym_score_delta"
     isolator: str = "code_block"
+    history: str = "full"
     backend_options: dict[str, Any] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
     aliases_file: str | None = None
@@ -192,6 +193,7 @@ class ResolvedTask:
     template: Any
     reward: Any
     isolator: Any
+    history: Any = None
     backend_options: dict[str, Any] = field(default_factory=dict)
 
     def make_backend(self) -> Any:

@@ -38,12 +38,14 @@ __all__ = [
     "TaskCheck",
     "check_backend",
     "check_component",
+    "check_history_processor",
     "check_isolator",
     "check_parser",
     "check_plugin",
     "check_reward_assigner",
     "check_task",
     "check_template",
+    "example_conversation",
     "isolator_responses",
     "registered_plugin",
     "run_evaluator",
@@ -88,20 +90,26 @@ def check_parser(parser: Callable[[str], Any], *, well_formed: dict[str, str] | 
     """Check ``parser(response) -> (thought, action)`` and its ``FormatError`` contract.
 
     ``well_formed`` maps responses to the action they must give (stripped); by default the parser must read
-    ``ls -a`` out of at least one of ``WELL_FORMED_RESPONSES`` or, when it declares ``format_example(action) ->
-    response`` (a response in its own format asking for ``action``), out of its own example. Every odd response
-    must give a ``(str, str)`` pair or raise ``FormatError``; each of ``malformed`` must raise ``FormatError``. The
-    result must not vary between calls.
+    ``ls -a`` out of at least one of ``WELL_FORMED_RESPONSES`` or, when it declares ``format_action(action) ->
+    response`` (a response in its own format carrying ``action``), out of its own ``format_action("ls -a")``. Every
+    odd response must give a ``(str, str)`` pair or raise ``FormatError``; each of ``malformed`` must raise
+    ``FormatError``. The result must not vary between calls. A parser need not declare ``format_action`` (nor
+    ``format_instructions``); a declared ``format_action`` must give ``ls -a`` back, and a declared
+    ``format_instructions`` or ``format_error_message`` must be a string.
     """
     what = f"parser {_name(parser)}"
     if not callable(parser):
         _fail(what, "is not callable; a parser is a callable parser(response: str) -> (thought, action)")
     examples = well_formed or {response: "ls -a" for response in WELL_FORMED_RESPONSES}
-    declared = getattr(parser, "format_example", None) if well_formed is None else None
+    for attribute in ("format_instructions", "format_error_message"):
+        text = getattr(parser, attribute, None)
+        if text is not None and not isinstance(text, str):
+            _fail(what, f"declares {attribute} = {text!r:.80}; it must be a str (or not be declared)")
+    declared = getattr(parser, "format_action", None) if well_formed is None else None
     if callable(declared):  # a parser that shows its own format: its example counts as a well-formed response
         example = declared("ls -a")
         if not isinstance(example, str):
-            _fail(what, f"format_example('ls -a') returned {example!r:.80}; it must return a response (a str)")
+            _fail(what, f"format_action('ls -a') returned {example!r:.80}; it must return a response (a str)")
         examples = {example: "ls -a", **examples}
     understood = []
     for response, expected in examples.items():
@@ -113,6 +121,9 @@ def check_parser(parser: Callable[[str], Any], *, well_formed: dict[str, str] | 
             _fail(what, f"parsed {response!r} into {got}; expected the action {expected!r}")
     if not understood:
         _fail(what, f"read the action 'ls -a' out of none of {list(examples)}; it must understand at least one")
+    if callable(declared) and example not in understood:
+        _fail(what, f"does not read 'ls -a' back out of its own format_action('ls -a') = {example!r:.80}; "
+                    f"parser(parser.format_action(a))[1].strip() must equal a.strip()")
     for response in ODD_RESPONSES + tuple(understood):
         first = _parse(parser, response, what)
         if _parse(parser, response, what) != first:
@@ -198,7 +209,8 @@ TOOL_VARIABLES = {"WINDOW": "100", "OVERLAP": "2", "CURRENT_LINE": "0", "CURRENT
 
 def check_template(template: Any, spec: TaskSpec | None = None) -> None:
     """Check a template set: a ``TemplateSet`` (or a zero-argument callable returning one) whose templates format
-    with MLGym's placeholders, and whose next-step template shows the observation."""
+    with MLGym's placeholders (and ``{format_instructions}``, the parser's reply format), and whose next-step template
+    shows the observation."""
     from .components.template_set import TemplateSet
 
     what = f"template {_name(template)}"
@@ -208,7 +220,8 @@ def check_template(template: Any, spec: TaskSpec | None = None) -> None:
                     f"returning one")
     spec = spec or _example_spec()
     fields = {**spec.to_dict(), **STATE_FIELDS, "command_docs": "open <path>: open a file", **TOOL_VARIABLES,
-              "current_step": 3, "remaining_steps": 7, "observation": "OBSERVATION-MARKER"}
+              "format_instructions": "Reply with one command.", "current_step": 3, "remaining_steps": 7,
+              "observation": "OBSERVATION-MARKER"}
     for name in ("system_template", "task_template", "next_step_template", "next_step_no_output_template",
                  "strategy_template", "demonstration_template", "format_error_template"):
         text = getattr(templates, name)
@@ -236,6 +249,48 @@ class _Fields(dict):
         raise KeyError(f"unknown placeholder {{{key}}}")
 
 
+# -- history processors -----------------------------------------------------------------------------------------
+def example_conversation(turns: int, output_lines: int = 3) -> list[dict[str, str]]:
+    """A conversation as the chain gives it to a history processor: the system message, the task, then ``turns``
+    turns (an assistant reply with a fenced command and the user message with its output)."""
+    messages = [{"role": "system", "content": "You work alone in a shell. Reply with one command."},
+                {"role": "user", "content": "TASK: write a strategy.\n(Current Step: 0, Remaining Steps: 50)"}]
+    for turn in range(turns):
+        output = "\n".join(f"turn {turn} output line {line}" for line in range(output_lines))
+        messages.append({"role": "assistant", "content": f"DISCUSSION\nStep {turn}.\n```\nls -l\n```"})
+        messages.append({"role": "user", "content": f"{output}\n(Current Step: {turn + 1}, Remaining Steps: "
+                                                    f"{49 - turn})"})
+    return messages
+
+
+def check_history_processor(processor: Callable[[list[dict[str, str]]], Any]) -> None:
+    """Check a history processor on conversations of 0 to 60 turns: it returns a non-empty list of ``{"role",
+    "content"}`` dicts with known roles, ends with the latest message unchanged (the policy must see the output of its
+    last command), leaves its input as it was, and gives the same view when asked twice."""
+    what = f"history processor {_name(processor)}"
+    for turns in (0, 1, 6, 60):
+        messages = example_conversation(turns)
+        before = copy.deepcopy(messages)
+        try:
+            shown = processor(list(messages))
+        except Exception as exc:  # noqa: BLE001 - reported as the processor's failure
+            _fail(what, f"raised {type(exc).__name__}: {exc} on a conversation of {turns} turns")
+        if messages != before:
+            _fail(what, "changed the messages it was given; return new dicts for the messages it changes")
+        if not isinstance(shown, list) or not shown:
+            _fail(what, f"returned {shown!r:.80} for {turns} turns; it must return a non-empty list of messages")
+        for index, item in enumerate(shown):
+            if (not isinstance(item, dict) or item.get("role") not in ("system", "user", "assistant")
+                    or not isinstance(item.get("content"), str)):
+                _fail(what, f"message {index} is {item!r:.80}; each must be a {{'role', 'content'}} dict with role "
+                            "system, user or assistant and str content")
+        if shown[-1] != messages[-1]:
+            _fail(what, f"does not end with the latest message ({turns} turns); the policy would not see the output "
+                        "of its last command")
+        if processor(list(messages)) != shown:
+            _fail(what, "gave two different views of the same conversation")
+
+
 # -- isolators ---------------------------------------------------------------------------------------------------
 EDIT_RESPONSE = "DISCUSSION\nReplace the function.\n```\nedit 1:2\ndef f(x):\n    return (x, 'a')\nend_of_edit\n```"
 
@@ -258,7 +313,7 @@ RESPONSE_STYLES: dict[str, Callable[[str], str]] = {
 def isolator_responses(parser: Callable[[str], Any]) -> tuple[str, str] | None:
     """Two responses in ``parser``'s own format, ``(asks for 'ls -a', asks for EDIT_ACTION)``, or None.
 
-    A parser that declares ``format_example(action) -> response`` (a method or callable attribute) is asked for them;
+    A parser that declares ``format_action(action) -> response`` (a method or callable attribute) is asked for them;
     otherwise each of ``RESPONSE_STYLES`` is tried and the first style whose responses the parser reads back into
     exactly these actions is used.
     """
@@ -270,13 +325,13 @@ def isolator_responses(parser: Callable[[str], Any]) -> tuple[str, str] | None:
         return isinstance(result, tuple) and len(result) == 2 and str(result[1]).strip() == action.strip()
 
     styles = list(RESPONSE_STYLES.values())
-    declared = getattr(parser, "format_example", None)
+    declared = getattr(parser, "format_action", None)
     if callable(declared):
         styles.insert(0, declared)
     for style in styles:
         try:
             command, edit = style("ls -a"), style(EDIT_ACTION)
-        except Exception:  # noqa: BLE001 - a broken format_example falls back to the common styles
+        except Exception:  # noqa: BLE001 - a broken format_action falls back to the common styles
             continue
         if isinstance(command, str) and isinstance(edit, str) and reads(command, "ls -a") and reads(edit, EDIT_ACTION):
             return command, edit
@@ -293,7 +348,7 @@ def check_isolator(isolator: Callable[..., Any], parser: Callable[[str], Any] | 
     parser's format. ``parser`` defaults to ``thought_action`` (fenced code blocks). ``responses`` is a pair of
     responses in that format: the first asks for the command ``ls -a``, the second for ``EDIT_ACTION`` (an
     ``edit 1:2`` with a two-line body ending in ``end_of_edit``). When it is not given they are built with
-    ``isolator_responses(parser)`` (the parser's ``format_example`` if it declares one, else the first common style
+    ``isolator_responses(parser)`` (the parser's ``format_action`` if it declares one, else the first common style
     it reads: fenced, ``<command>`` tags, JSON, bare). The no-command responses (``""`` and prose) must raise
     ``FormatError`` whenever the parser itself finds no action in them.
     """
@@ -576,6 +631,7 @@ KIT_CHECKS: dict[str, Callable[..., None]] = {
     "reward": check_reward_assigner,
     "template": check_template,
     "backend": check_backend,
+    "history": check_history_processor,
 }
 """The kit check run on a built component of each kind (isolators and tasks have their own handling in
 ``check_component``); a kind not listed here is only imported and built."""

@@ -124,7 +124,7 @@ OPTION_RULES: dict[str, Rule] = {
         optional=True,
     ),
     # component names
-    **{kind: TEXT for kind in ("backend", "parser", "template", "reward", "isolator")},
+    **{kind: TEXT for kind in ("backend", "parser", "template", "reward", "isolator", "history")},
 }
 """The rule of every option this package knows the type and range of, by name."""
 

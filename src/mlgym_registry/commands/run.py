@@ -112,12 +112,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
                         "(needs: pip install 'mlgym-registry[ray]')")
 
 
-COMPONENT_OPTIONS = ("parser", "template", "reward", "isolator")
+COMPONENT_OPTIONS = ("parser", "template", "reward", "isolator", "history")
 """The task's components the command line can swap (``--parser NAME`` and so on)."""
 
 
 def add_component_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--parser``, ``--template``, ``--reward`` and ``--isolator``: another registered component than the task's."""
+    """``--parser``, ``--template``, ``--reward``, ``--isolator`` and ``--history``: another registered component than
+    the task's."""
     group = parser.add_argument_group("components (default: the task's own; see `mlgym-registry list --kind KIND`)")
     for kind in COMPONENT_OPTIONS:
         group.add_argument(f"--{kind}", default=None, metavar="NAME", help=f"a registered {kind} to use instead")

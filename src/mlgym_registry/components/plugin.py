@@ -32,6 +32,18 @@ def register_reward_assigners(register):
 
 
 @hookimpl
+def register_history_processors(register):
+    register("full", f"{_PKG}.history_processors:FullHistory",
+             description="The whole conversation, unchanged (TorchRL's MLGym chain).")
+    register("last_n_observations", f"{_PKG}.history_processors:LastNObservations",
+             description="The task and the last 5 user messages in full, older ones cut to a one-line note "
+                         "(MLGym's default agent).")
+    register("token_budget", f"{_PKG}.history_processors:TokenBudget",
+             description="The system message, the task and the latest turns that fit in 8192 tokens (the env's "
+                         "tokenizer counts them).")
+
+
+@hookimpl
 def register_action_isolators(register):
     register("code_block", f"{_PKG}.isolators:CodeBlockIsolator",
              description="Parse the response (FormatError when it holds no action), heredoc-guard edit/insert bodies.")

@@ -8,6 +8,7 @@ from .backend_env import BackendEnv
 from .chat_batch import ChatBatch
 from .chat_template import ChatTemplate
 from .group_key import GroupKey
+from .history_view import HistoryView
 from .layout import LAYOUTS, Layout
 from .message_to_history import MessageToHistory
 from .read_state import ReadState
@@ -25,6 +26,7 @@ __all__ = [
     "ChatBatch",
     "ChatTemplate",
     "GroupKey",
+    "HistoryView",
     "Layout",
     "MessageToHistory",
     "ReadState",

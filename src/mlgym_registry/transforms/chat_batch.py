@@ -21,7 +21,7 @@ from torchrl.data import Composite
 from torchrl.data.llm import History
 
 from .base import ChainTransform
-from .history import MessageStack, extend_history, history_from
+from .history import MessageStack, common_prefix, extend_history, history_from
 from .layout import Layout, set_entry
 
 
@@ -52,10 +52,8 @@ class ChatBatch(ChainTransform):
         super().__init__(layout)
         self.batch_size = torch.Size([batch_size] if isinstance(batch_size, int) else batch_size)
         self.index = (0,) * len(self.batch_size)
-        self._last_history: History | None = None
-        """The episode's ``History`` this stage batched last."""
-        self._history_out: History | None = None
-        """Its batched twin."""
+        self._batched_last: dict[Any, tuple[History, History]] = {}
+        """For each ``History`` key: the episode's ``History`` this stage batched last, and its batched twin."""
 
     # -- shapes --------------------------------------------------------------------------------------------------
     def transform_env_batch_size(self, batch_size: torch.Size) -> torch.Size:
@@ -73,17 +71,23 @@ class ChatBatch(ChainTransform):
             message = message.unsqueeze(0)
         return message
 
-    def _batched_history(self, history: History) -> History:
-        """``history`` with the batch dims in front, sharing the batched twin of every message seen before."""
+    def _batched_history(self, key: Any, history: History) -> History:
+        """``history`` with the batch dims in front, sharing the batched twin of every message seen before at ``key``
+        (a history processor's view may change earlier messages: the twins are shared up to the first change)."""
         stack = history._tensordict
         messages = stack.tensordicts if isinstance(stack, MessageStack) else list(stack.unbind(0))
-        known = _messages_of(self._last_history)
-        if known and len(messages) >= len(known) and messages[len(known) - 1] is known[-1]:
-            fresh = [self._batched_message(message) for message in messages[len(known):]]
-            batched = extend_history(self._history_out, fresh) if fresh else self._history_out
+        last = self._batched_last.get(key)
+        known, twins = (_messages_of(last[0]), _messages_of(last[1])) if last is not None else (None, None)
+        kept = common_prefix(messages, known) if known and twins else 0
+        if kept == len(known or ()) and kept:
+            fresh = [self._batched_message(message) for message in messages[kept:]]
+            batched = extend_history(last[1], fresh) if fresh else last[1]
+        elif kept and isinstance(last[1]._tensordict, MessageStack):
+            fresh = [self._batched_message(message) for message in messages[kept:]]
+            batched = History._from_tensordict(last[1]._tensordict.shared_with(twins[:kept] + fresh))
         else:  # another conversation than the one batched last: start over
             batched = history_from([self._batched_message(m) for m in messages], stack_dim=len(self.batch_size))
-        self._last_history, self._history_out = history, batched
+        self._batched_last[key] = (history, batched)
         return batched
 
     def _batched(self, source: TensorDictBase) -> TensorDictBase:
@@ -96,7 +100,7 @@ class ChatBatch(ChainTransform):
             value = source.get(key)
             target = (*prefix, key)
             if isinstance(value, History):
-                value = self._batched_history(value)
+                value = self._batched_history(target, value)
             elif isinstance(value, NonTensorData):
                 value = value.data
             elif isinstance(value, torch.Tensor):
@@ -107,7 +111,7 @@ class ChatBatch(ChainTransform):
             set_entry(out, target if len(target) > 1 else key, value)
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        self._last_history = self._history_out = None
+        self._batched_last = {}
         return self._batched(tensordict_reset)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
@@ -118,10 +122,11 @@ class ChatBatch(ChainTransform):
         # a collector's reset input (``_reset`` flags of the batch shape) means nothing to one episode
         return None
 
-    def _episode_history(self, history: Any) -> History:
-        messages, ours = _messages_of(history), _messages_of(self._history_out)
+    def _episode_history(self, key: Any, history: Any) -> History:
+        last = self._batched_last.get(key if isinstance(key, tuple) else (key,))
+        messages, ours = _messages_of(history), _messages_of(last[1]) if last is not None else None
         if messages and ours and len(messages) == len(ours) and messages[-1] is ours[-1]:
-            return self._last_history
+            return last[0]
         return History._from_tensordict(history._tensordict[self.index])
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -131,8 +136,8 @@ class ChatBatch(ChainTransform):
             value = tensordict.get(key, None)
             if value is None:
                 continue
-            if key == self.layout.history:
-                value = self._episode_history(value)
+            if key in (self.layout.history, self.layout.conversation):
+                value = self._episode_history(key, value)
             else:
                 value = _scalar(value, self.index)
             if value is not None:
@@ -143,6 +148,8 @@ class ChatBatch(ChainTransform):
         """What the stages below read from a step's input: the observation they wrote, and the policy's output."""
         layout = self.layout
         keys = [layout.history, layout.prompt, layout.state, layout.retry, layout.task, layout.response]
+        if layout.conversation is not None:
+            keys.append(layout.conversation)
         if layout.tokens_response is not None:
             keys.append(layout.tokens_response)
         return keys

@@ -15,16 +15,17 @@ from torchrl.data import Composite, NonTensor
 
 from ..errors import PolicyOutputError
 from .base import ASSISTANT_KEY, ChainTransform, missing_response, text_of
-from .history import as_dicts
+from .history import as_dicts, common_prefix
 from .layout import Layout, set_entry, set_spec
 from .rendering import ChatRenderer, IncrementalPrompt
 
 
-def _tail(history: Any, count: int) -> list[dict[str, str]]:
+def _shared_messages(history: Any) -> list[Any] | None:
+    """The message tensordicts a lazily stacked one-conversation ``History`` shares, else None."""
     td = history._tensordict
     if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0:
-        return [{"role": m["role"], "content": m["content"]} for m in td.tensordicts[-count:]]
-    return as_dicts(history)[-count:]
+        return td.tensordicts
+    return None
 
 
 class ChatTemplate(ChainTransform):
@@ -34,6 +35,19 @@ class ChatTemplate(ChainTransform):
         super().__init__(layout, in_keys_inv=[layout.response], out_keys_inv=[ASSISTANT_KEY])
         self.renderer = ChatRenderer(tokenizer, chat_template_name)
         self.prompt = IncrementalPrompt(self.renderer)
+        self._rendered: list[Any] = []
+        """The message tensordicts the prompt was rendered from last (a history processor may change earlier ones
+        from one step to the next; the prompt is rendered again from the first that changed)."""
+        self._dicts: dict[int, tuple[Any, dict[str, str]]] = {}
+        """``id(message)`` -> (message, its dict), this episode: reading a message's fields costs more than a render."""
+
+    def _dict(self, message: Any) -> dict[str, str]:
+        known = self._dicts.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        item = {"role": message["role"], "content": message["content"]}
+        self._dicts[id(message)] = (message, item)
+        return item
 
     @property
     def tokenizer(self) -> Any:
@@ -43,17 +57,32 @@ class ChatTemplate(ChainTransform):
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         history = tensordict_reset.get(self.layout.history)
         set_entry(tensordict_reset, self.layout.prompt, self.prompt.start(as_dicts(history)))
+        self._rendered = list(_shared_messages(history) or ())
+        self._dicts = {}
         return tensordict_reset
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         history = next_tensordict.get(self.layout.history)
         previous = tensordict.get(self.layout.prompt, None)
         previous = previous if previous is None or isinstance(previous, str) else str(previous.data)
-        added = history.shape[0] - len(self.prompt.messages)
-        if previous is not None and added > 0 and (previous is self.prompt.prompt or previous == self.prompt.prompt):
-            text = self.prompt.extend(_tail(history, added))
+        messages = _shared_messages(history)
+        prompt = self.prompt
+        if messages is not None and previous is not None and (previous is prompt.prompt or previous == prompt.prompt):
+            prompt.unchanged = len(prompt.base)
+            same = common_prefix(messages, self._rendered)
+            kept = prompt.rewind(same) if same < len(prompt.messages) else same
+            if kept == 0:
+                text = prompt.start([self._dict(m) for m in messages])
+            elif kept < len(messages):
+                # a processor that changed message ``same`` this turn (one that hides old turns) is likely to change
+                # the one a turn later next time: mark that point too, so the next turn re-renders from there
+                split = same + 2 - kept if same < len(self._rendered) else None
+                text = prompt.extend([self._dict(m) for m in messages[kept:]], split)
+            else:
+                text = prompt.prompt
         else:  # not the conversation we rendered last (e.g. a step from an older tensordict): render it all
-            text = self.prompt.start(as_dicts(history))
+            text = prompt.start(as_dicts(history))
+        self._rendered = list(messages or ())
         set_entry(next_tensordict, self.layout.prompt, text)
         return next_tensordict
 

@@ -69,6 +69,11 @@ class MessageStack(LazyStackedTensorDict):
             keys.intersection_update(item.keys())
         return self._share(self.tensordicts + list(messages), tuple(sorted(keys)))
 
+    def shared_with(self, messages: list[TensorDict]) -> MessageStack:
+        """A new stack of ``messages`` (shared, not copied) holding the same keys as this one's messages, such as a
+        history processor's view that keeps some of them and replaces others by messages built the same way."""
+        return self._share(list(messages), self._message_keys)
+
     def _share(self, messages: list[TensorDict], keys: tuple[str, ...] | None) -> MessageStack:
         new = type(self).__new__(type(self))
         new._is_locked = None
@@ -100,6 +105,15 @@ def extend_history(history: History, messages: list[TensorDict]) -> History:
     if isinstance(stacked, LazyStackedTensorDict) and stacked.stack_dim == dim:
         return history_from(list(stacked.tensordicts) + list(messages), dim)
     return history_from(list(stacked.unbind(dim)) + list(messages), dim)
+
+
+def common_prefix(a: list[Any], b: list[Any]) -> int:
+    """How many leading items the lists ``a`` and ``b`` share (the same objects, not equal ones)."""
+    count = min(len(a), len(b))
+    for index in range(count):
+        if a[index] is not b[index]:
+            return index
+    return count
 
 
 def as_dicts(history: Any) -> list[dict[str, str]]:

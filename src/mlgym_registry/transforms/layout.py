@@ -8,10 +8,13 @@ reference MLGym chain (``history``, ``text``, ``text_response``, ...). ``query``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tensordict import NestedKey, TensorDict
+
+CONVERSATION_KEY = "conversation"
+"""Where the chain keeps the whole conversation when a history processor shapes the policy's ``history``."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,18 @@ class Layout:
     tokens_response: NestedKey | None = None
     attention_mask: NestedKey | None = None
     reward_shape: tuple[int, ...] = (1,)
+    conversation: NestedKey | None = None
+    """Where the whole conversation is kept when a history processor shapes ``history`` (see ``with_conversation``);
+    None when ``history`` is the whole conversation itself."""
+
+    @property
+    def stored_history(self) -> NestedKey:
+        """The key of the whole conversation: ``conversation`` with a history processor, else ``history``."""
+        return self.history if self.conversation is None else self.conversation
+
+    def with_conversation(self, key: NestedKey = CONVERSATION_KEY) -> Layout:
+        """This layout, with the whole conversation kept at ``key`` and ``history`` holding what the policy sees."""
+        return replace(self, conversation=key)
 
 
 LAYOUTS: dict[str, Layout] = {

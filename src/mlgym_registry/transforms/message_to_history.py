@@ -31,7 +31,8 @@ def _constructing_batched_env() -> object | None:
 
 
 class MessageToHistory(ChainTransform):
-    """Appends ``message`` as a user turn (after the assistant turn on a step) to ``history``."""
+    """Appends ``message`` as a user turn (after the assistant turn on a step) to the whole conversation (``history``,
+    or ``conversation`` when a history processor shapes ``history``)."""
 
     def _check_batched_worker_compat(self) -> None:
         # TorchRL calls this while building a SerialEnv/ParallelEnv over this env. A ParallelEnv consolidates each
@@ -48,19 +49,24 @@ class MessageToHistory(ChainTransform):
             )
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        history = tensordict_reset.get(self.layout.history)
+        key = self.layout.stored_history
+        history = tensordict_reset.get(key)
         user = message("user", str(tensordict_reset[self.layout.message]), self.base.device)
-        set_entry(tensordict_reset, self.layout.history, extend_history(history, [user]))
+        set_entry(tensordict_reset, key, extend_history(history, [user]))
         return tensordict_reset
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         device = self.base.device
-        history = tensordict.get(self.layout.history)
+        key = self.layout.stored_history
+        history = tensordict.get(key, None)
+        if history is None:
+            raise KeyError(f"the step input has no conversation at {key!r}: step from the tensordict the env returned "
+                           "(its reset, or the 'next' of its last step)")
         assistant = tensordict.get(ASSISTANT_KEY, None)
         if assistant is None:
             raise KeyError("the chat template stage did not extract the assistant turn from the response")
         assistant = text_of(assistant)
         user = str(next_tensordict[self.layout.message])
         new = [message("assistant", assistant, device), message("user", user, device)]
-        set_entry(next_tensordict, self.layout.history, extend_history(history, new))
+        set_entry(next_tensordict, key, extend_history(history, new))
         return next_tensordict

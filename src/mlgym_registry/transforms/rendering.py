@@ -107,7 +107,8 @@ class IncrementalPrompt:
 
     Each extension renders a small window (the first message, the last rendered one and the new ones) and appends
     the difference, so its cost does not grow with the conversation. Templates for which that difference is not
-    exact (checked once on a probe conversation) are re-rendered in full instead.
+    exact (checked once on a probe conversation) are re-rendered in full instead. ``rewind`` goes back to an earlier
+    extension, for a conversation whose later messages changed (a history processor's view).
     """
 
     def __init__(self, renderer: ChatRenderer):
@@ -115,6 +116,10 @@ class IncrementalPrompt:
         self.messages: list[dict[str, str]] = []
         self.base = ""
         self.prompt = ""
+        self.marks: list[tuple[int, int]] = []
+        """``(messages, len(base))`` after each ``start`` and ``extend``: the points ``rewind`` can go back to."""
+        self.unchanged = 0
+        """How many leading characters the last prompt shares with the one before it, as far as this knows."""
         self.incremental = self._check_incremental()
 
     def _check_incremental(self) -> bool:
@@ -132,20 +137,43 @@ class IncrementalPrompt:
         self.messages = list(messages)
         self.base = self.renderer.render(self.messages, False)
         self.prompt = self.renderer.render(self.messages, True)
+        self.marks = [(len(self.messages), len(self.base))]
+        self.unchanged = 0
         return self.prompt
 
-    def extend(self, new: list[dict[str, str]]) -> str:
-        """The prompt after appending ``new`` turns."""
+    def rewind(self, keep: int) -> int:
+        """Forget the messages after the last extension point at or before ``keep`` messages; return how many are
+        left (0: none, start again). The prompt's first ``unchanged`` characters stay valid."""
+        marks = self.marks
+        while marks and marks[-1][0] > keep:
+            marks.pop()
+        if not marks or marks[-1][0] == 0:
+            self.marks, self.messages, self.base = [], [], ""
+            return 0
+        count, length = marks[-1]
+        del self.messages[count:]
+        self.base = self.base[:length]
+        self.unchanged = length
+        return count
+
+    def extend(self, new: list[dict[str, str]], split: int | None = None) -> str:
+        """The prompt after appending ``new`` turns; ``split`` (0 < split < len(new)) also marks the point after the
+        first ``split`` of them, for a later ``rewind`` there (one more small render)."""
         if not self.incremental or not self.messages:
             return self.start(self.messages + list(new))
+        new = list(new)
         anchor = [self.messages[0]] + ([self.messages[-1]] if len(self.messages) > 1 else [])
         render = self.renderer.render
         before = render(anchor, False)
-        after = render(anchor + list(new), False)
-        with_prompt = render(anchor + list(new), True)
+        middle = render(anchor + new[:split], False) if split is not None and 0 < split < len(new) else None
+        after = render(anchor + new, False)
+        with_prompt = render(anchor + new, True)
         if not (after.startswith(before) and with_prompt.startswith(after)):
-            return self.start(self.messages + list(new))
+            return self.start(self.messages + new)
+        if middle is not None and before != middle and after.startswith(middle) and middle.startswith(before):
+            self.marks.append((len(self.messages) + split, len(self.base) + len(middle) - len(before)))
         self.messages.extend(new)
         self.base += after[len(before):]
         self.prompt = self.base + with_prompt[len(after):]
+        self.marks.append((len(self.messages), len(self.base)))
         return self.prompt

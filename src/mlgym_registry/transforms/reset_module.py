@@ -16,16 +16,17 @@ from .layout import set_entry, set_spec
 
 
 class ResetModule(ChainTransform):
-    """Writes ``history`` = [system message] at reset."""
+    """Writes ``history`` (``conversation`` when a history processor is on) = [system message] at reset."""
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         base = self.base
         base.tools = base.backend.install_tools()
         base.fields = None
         system = self.render_template(self.templates.system_template, self.template_fields(), what="system_template")
-        set_entry(tensordict_reset, self.layout.history, history_from([message("system", system, base.device)]))
+        set_entry(tensordict_reset, self.layout.stored_history,
+                  history_from([message("system", system, base.device)]))
         return tensordict_reset
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
-        set_spec(observation_spec, self.layout.history, history_spec(observation_spec.device))
+        set_spec(observation_spec, self.layout.stored_history, history_spec(observation_spec.device))
         return observation_spec

@@ -4,12 +4,15 @@ The prompt of turn t+1 is the full sequence of turn t (its prompt tokens, then t
 policy generated them) followed by the tokens of the text the chat template added after the response (end of turn,
 the next user message, the generation prompt). So what the model is trained on is what it saw and produced, and
 each turn tokenizes only what is new. When the rendered prompt does not continue the response (the model wrote
-past its end-of-turn marker, which the conversation drops) the new text is tokenized after the previous prompt,
-and when the conversation was rendered anew the whole prompt is tokenized; ``retokenized`` counts those turns.
+past its end-of-turn marker, which the conversation drops) the new text is tokenized after the previous prompt.
+When an earlier part of the prompt changed (a history processor hid an old turn) the tokens are kept up to the last
+turn's prompt that is still unchanged and the rest is tokenized again; when the conversation was rendered anew the
+whole prompt is. ``retokenized`` counts those turns.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import torch
@@ -25,7 +28,8 @@ class TokensPrompt(ChainTransform):
     """Writes ``("tokens", "prompt")`` and its ``("masks", "all_attention_mask")``; in the inverse pass, decodes
     ``("tokens", "response")`` when no text came."""
 
-    def __init__(self, layout: Layout, tokenizer: Any):
+    def __init__(self, layout: Layout, tokenizer: Any, rendered: Any = None):
+        """``rendered``: the chain's ``IncrementalPrompt``, which knows how much of a changed prompt is unchanged."""
         if layout.tokens_prompt is None or layout.tokens_response is None:
             raise ValueError(f"the {layout.name!r} layout has no tokens keys; input_mode='tokens' needs 'default'")
         if tokenizer is None:
@@ -35,9 +39,12 @@ class TokensPrompt(ChainTransform):
             )
         super().__init__(layout, in_keys_inv=[layout.tokens_response], out_keys_inv=[layout.response])
         self.tokenizer = tokenizer
+        self.rendered = rendered
         self.retokenized = 0
         self._text = ""
         self._tokens = torch.empty(0, dtype=torch.long)
+        self._marks: list[tuple[int, int]] = []
+        """``(len(text), len(tokens))`` of each turn's prompt this episode: where the tokens can be cut."""
         self._response_text: str | None = None
         self._response_tokens: torch.Tensor | None = None
 
@@ -47,6 +54,7 @@ class TokensPrompt(ChainTransform):
 
     def _remember(self, text: str, tokens: torch.Tensor, out: TensorDictBase) -> TensorDictBase:
         self._text, self._tokens = text, tokens
+        self._marks.append((len(text), len(tokens)))
         set_entry(out, self.layout.tokens_prompt, tokens)
         # TorchRL's wrappers read the prompt's mask here before making one, so a stale mask of the previous turn
         # (carried over by step_mdp) must be replaced
@@ -55,6 +63,7 @@ class TokensPrompt(ChainTransform):
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         text = text_of(tensordict_reset.get(self.layout.prompt))
+        self._marks = []
         return self._remember(text, self._encode(text), tensordict_reset)
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -76,6 +85,18 @@ class TokensPrompt(ChainTransform):
         self._response_tokens = tokens
         return tensordict
 
+    def _retokenize(self, text: str) -> torch.Tensor:
+        """The tokens of ``text``, keeping those of the longest earlier turn's prompt that ``text`` still starts with
+        (as far as the chat template stage knows; otherwise none)."""
+        unchanged = getattr(self.rendered, "unchanged", 0) if self.rendered is not None else 0
+        index = bisect.bisect_right(self._marks, (unchanged, len(self._tokens))) - 1
+        if index < 0 or unchanged <= 0:
+            self._marks = []
+            return self._encode(text)
+        length, count = self._marks[index]
+        del self._marks[index + 1:]
+        return torch.cat([self._tokens[:count], self._encode(text[length:])])
+
     def _token_ids(self, tokens: Any) -> torch.Tensor:
         if isinstance(tokens, str) or not isinstance(tokens, torch.Tensor):
             raise PolicyOutputError(
@@ -94,7 +115,7 @@ class TokensPrompt(ChainTransform):
         text = text_of(next_tensordict.get(self.layout.prompt))
         if not text.startswith(self._text):
             self.retokenized += 1
-            return self._remember(text, self._encode(text), next_tensordict)
+            return self._remember(text, self._retokenize(text), next_tensordict)
         added = text[len(self._text):]
         response, response_tokens = self._response_text, self._response_tokens
         if response_tokens is not None and response and added.startswith(response):
