@@ -204,3 +204,23 @@ def test_duplicate_in_strict_mode_stores_nothing(fake_site, monkeypatch):
     for _ in range(2):
         with pytest.raises(DuplicateNameError, match="half-taken"):
             reg.names("parser")
+
+
+@pytest.mark.parametrize(("raised", "shown"), [
+    ('ImportError("needs numpy.")', "ImportError: needs numpy. Fix or uninstall"),
+    ('RuntimeError("no GPU!")', "RuntimeError: no GPU! Fix or uninstall"),
+    ('ValueError("which config?")', "ValueError: which config? Fix or uninstall"),
+    ('ImportError("needs numpy")', "ImportError: needs numpy. Fix or uninstall"),
+    ('ImportError("needs numpy.  ")', "ImportError: needs numpy. Fix or uninstall"),
+    ("RuntimeError()", "RuntimeError. Fix or uninstall"),
+])
+def test_load_error_ends_the_cause_with_exactly_one_full_stop(fake_site, monkeypatch, raised, shown):
+    fake_site.add("stop-plugin", "stop_plugin", f"raise {raised}\n", entry_point="stop")
+    monkeypatch.setenv("MLGYM_REGISTRY_STRICT", "1")
+    with pytest.raises(PluginLoadError) as caught:
+        Registry().names("parser")
+    message = str(caught.value)
+    assert message == ("Error loading plugin 'stop' from distribution 'stop-plugin' (entry point 'stop = "
+                       f"stop_plugin'): {shown} that distribution, or block it with "
+                       "MLGYM_REGISTRY_BLOCK_PLUGINS=stop-plugin.")
+    assert ".." not in message and ". ." not in message
