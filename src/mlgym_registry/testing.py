@@ -405,11 +405,13 @@ def _isolate(isolator: Callable[..., Any], response: str, parser: Any, what: str
 # -- backends ----------------------------------------------------------------------------------------------------
 def check_backend(factory: Callable[..., Any], spec: TaskSpec | str = "prisonersDilemma", **options: Any) -> None:
     """Run a short episode on a backend and check MLGym's contract: reset, tools, a command, step counting, the
-    five-key ``info``, a submit that ends the episode with a score, and a ``close`` that leaves nothing behind.
+    five-key ``info``, a validate and a submit whose ``info["score"]`` accumulates (the submission's score after the
+    validation's, when the starter code validates), and a ``close`` that leaves nothing behind.
 
     ``task_workspace`` is the workspace's path as the agent sees it; it need not exist on this machine (a container's
     or a sandbox's path). A backend whose workspace is a folder here exposes it as ``host_workspace``: the kit then
-    checks that it exists after ``reset()`` and is gone after ``close()``."""
+    checks that it exists after ``reset()`` and is gone after ``close()``. A container backend (``mlgym``) has none,
+    and the kit checks its workspace only through the agent's shell (``ls`` shows the starter files)."""
     from .backends.protocol import INFO_KEYS, ToolSet
     from .registry import registry
 
@@ -449,10 +451,17 @@ def check_backend(factory: Callable[..., Any], spec: TaskSpec | str = "prisoners
         starter = {Path(path).name for path in spec.starter_code}
         if starter and not starter & set((observation or "").split()):
             _fail(what, f"'ls' in the workspace showed {observation!r}; starter files {sorted(starter)} are missing")
+        _observation, _reward, done, info = backend.step("validate")
+        validated = list(info.get("score") or [])
+        if done:
+            _fail(what, f"validate ended the episode (exit_status={info.get('exit_status')!r})")
         observation, _reward, done, info = backend.step("submit")
         if not done or info.get("exit_status") != "submitted" or not info.get("score"):
             _fail(what, f"submit gave done={done}, exit_status={info.get('exit_status')!r}, score={info.get('score')}; "
                         f"expected done, 'submitted' and a score")
+        if list(info["score"][:len(validated)]) != validated or len(info["score"]) != len(validated) + 1:
+            _fail(what, f"after validate info['score'] was {validated} and after submit {info['score']}; it must "
+                        f"accumulate: every metric dict of the episode so far, the submission's last")
     finally:
         backend.close()
     backend.close()  # closing twice must be harmless
