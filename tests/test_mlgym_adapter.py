@@ -159,6 +159,18 @@ def test_no_engine_api_socket(mlgym_checkout, tmp_path, monkeypatch, container_t
     assert not started(double)
 
 
+def test_make_refuses_a_machine_without_the_engine_api_before_building_anything(mlgym_checkout, tmp_path,
+                                                                               monkeypatch):
+    """``registry.make`` (and so ``run --backend mlgym``, before any output folder) asks the backend's
+    ``check_available``: the missing API is named at make(), not at the first reset."""
+    double = EngineDouble(tmp_path / "docker", engine="docker")
+    for key, value in double.environment(api=False).items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(BackendUnavailable, match="No Docker Engine API answers at DOCKER_HOST="):
+        registry.make(game_spec(tmp_path), backend="mlgym", allow_unprotected_files=True)
+    assert not started(double)
+
+
 def test_default_socket_when_docker_host_is_unset(mlgym_checkout, monkeypatch, tmp_path):
     from mlgym_registry.backends import mlgym as adapter
 

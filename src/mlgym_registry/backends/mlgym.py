@@ -273,6 +273,14 @@ class MLGymBackend:
         environment_options: further ``EnvironmentArguments`` fields.
     """
 
+    @staticmethod
+    def check_available(*, container_type: str = "docker", image_name: str | None = None, **_options: Any) -> None:
+        """What ``registry.make`` checks before building anything: MLGym is installed from its checkout, the engine
+        answers on its command line and its Engine API, and the image is there; ``BackendUnavailable`` otherwise."""
+        mlgym_checkout()
+        check_container_engine(container_type)
+        check_engine_api(container_type, image_name or DEFAULT_IMAGE)
+
     def __init__(
         self,
         spec: TaskSpec,
