@@ -28,7 +28,8 @@ def register_templates(register):
 @hookimpl
 def register_reward_assigners(register):
     register("mlgym_score_delta", f"{_PKG}.rewards:ScoreDeltaReward",
-             description="Evaluation score minus baseline, from validate observations and the final submission score.")
+             description="The evaluator's score minus the task's baseline, at each real validate and at the final "
+                         "submission (numbers from info['score'], never from printed text).")
 
 
 @hookimpl
