@@ -236,12 +236,21 @@ def check_template_text(value: Any, task: Any, what: str) -> str:
 _ROLES = frozenset(("system", "user", "assistant"))
 
 
+def bad_message(messages: list) -> tuple[int, Any] | None:
+    """The index and value of the first item of ``messages`` that is not a ``{"role", "content"}`` dict with a known
+    role and string content, or None when all are."""
+    for index, item in enumerate(messages):
+        if not isinstance(item, dict) or item.get("role") not in _ROLES or not isinstance(item.get("content"), str):
+            return index, item
+    return None
+
+
 def check_history_output(value: Any, task: Any) -> list:
     """``value`` when it is a non-empty list of ``{"role", "content"}`` dicts with a known role and string content;
     ``ComponentOutputError`` naming the first bad message otherwise."""
     if type(value) is not list or not value:
         raise fail("history", task, returned(value), CONTRACTS["history"], value)
-    for index, item in enumerate(value):
-        if type(item) is not dict or item.get("role") not in _ROLES or type(item.get("content")) is not str:
-            raise fail("history", task, f"returned {short_repr(item)} as message {index}", CONTRACTS["history"], item)
+    bad = bad_message(value)
+    if bad is not None:
+        raise fail("history", task, f"returned {short_repr(bad[1])} as message {bad[0]}", CONTRACTS["history"], bad[1])
     return value

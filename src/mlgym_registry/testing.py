@@ -267,6 +267,8 @@ def check_history_processor(processor: Callable[[list[dict[str, str]]], Any]) ->
     """Check a history processor on conversations of 0 to 60 turns: it returns a non-empty list of ``{"role",
     "content"}`` dicts with known roles, ends with the latest message unchanged (the policy must see the output of its
     last command), leaves its input as it was, and gives the same view when asked twice."""
+    from .output_checks import bad_message
+
     what = f"history processor {_name(processor)}"
     for turns in (0, 1, 6, 60):
         messages = example_conversation(turns)
@@ -279,11 +281,10 @@ def check_history_processor(processor: Callable[[list[dict[str, str]]], Any]) ->
             _fail(what, "changed the messages it was given; return new dicts for the messages it changes")
         if not isinstance(shown, list) or not shown:
             _fail(what, f"returned {shown!r:.80} for {turns} turns; it must return a non-empty list of messages")
-        for index, item in enumerate(shown):
-            if (not isinstance(item, dict) or item.get("role") not in ("system", "user", "assistant")
-                    or not isinstance(item.get("content"), str)):
-                _fail(what, f"message {index} is {item!r:.80}; each must be a {{'role', 'content'}} dict with role "
-                            "system, user or assistant and str content")
+        bad = bad_message(shown)
+        if bad is not None:
+            _fail(what, f"message {bad[0]} is {bad[1]!r:.80}; each must be a {{'role', 'content'}} dict with role "
+                        "system, user or assistant and str content")
         if shown[-1] != messages[-1]:
             _fail(what, f"does not end with the latest message ({turns} turns); the policy would not see the output "
                         "of its last command")
@@ -317,12 +318,7 @@ def isolator_responses(parser: Callable[[str], Any]) -> tuple[str, str] | None:
     otherwise each of ``RESPONSE_STYLES`` is tried and the first style whose responses the parser reads back into
     exactly these actions is used.
     """
-    def reads(response: str, action: str) -> bool:
-        try:
-            result = parser(response)
-        except Exception:  # noqa: BLE001 - a parser that cannot read this style simply does not use it
-            return False
-        return isinstance(result, tuple) and len(result) == 2 and str(result[1]).strip() == action.strip()
+    from .components.parsers import reads_action
 
     styles = list(RESPONSE_STYLES.values())
     declared = getattr(parser, "format_action", None)
@@ -333,7 +329,8 @@ def isolator_responses(parser: Callable[[str], Any]) -> tuple[str, str] | None:
             command, edit = style("ls -a"), style(EDIT_ACTION)
         except Exception:  # noqa: BLE001 - a broken format_action falls back to the common styles
             continue
-        if isinstance(command, str) and isinstance(edit, str) and reads(command, "ls -a") and reads(edit, EDIT_ACTION):
+        if (isinstance(command, str) and isinstance(edit, str) and reads_action(parser, command, "ls -a")
+                and reads_action(parser, edit, EDIT_ACTION)):
             return command, edit
     return None
 

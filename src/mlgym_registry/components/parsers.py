@@ -19,6 +19,7 @@ All three are optional for parsers of other plugins: the chain and the conforman
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ..errors import FormatError
 
@@ -167,6 +168,16 @@ class IdentityParser:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def reads_action(parser: Any, response: str, action: str) -> bool:
+    """Whether ``parser`` finds exactly ``action`` (up to surrounding blank space) in ``response``; any error it
+    raises (``FormatError`` or another) counts as not."""
+    try:
+        result = parser(response)
+    except Exception:  # noqa: BLE001 - a parser that cannot read this response does not read the action
+        return False
+    return isinstance(result, (tuple, list)) and len(result) == 2 and str(result[1]).strip() == action.strip()
 
 
 def last_top_level_block(text: str) -> tuple[int, int, int, int] | None:

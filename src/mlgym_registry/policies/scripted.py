@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+from ..components.parsers import reads_action
 from .base import Messages, Policy, evaluation_score, fenced, file_window, last_user_message, remaining_steps
 from .playbooks import Candidate, Playbook, playbook_for
 
@@ -141,16 +142,7 @@ def in_format(parser: Any, discussion: str, command: str) -> str:
         return fenced(discussion, command)
     action = write(command)
     response = f"DISCUSSION\n{discussion.strip()}\n{action}"
-    return response if _reads_back(parser, response, command) else action
-
-
-def _reads_back(parser: Any, response: str, command: str) -> bool:
-    """Whether ``parser`` finds exactly ``command`` (up to surrounding blank space) in ``response``."""
-    try:
-        result = parser(response)
-    except Exception:  # noqa: BLE001 - FormatError or anything else: this response is not usable
-        return False
-    return isinstance(result, (tuple, list)) and len(result) == 2 and str(result[1]).strip() == command.strip()
+    return response if reads_action(parser, response, command) else action
 
 
 def resolve_parser(parser: Any) -> Any:
