@@ -133,7 +133,8 @@ def build_report(
             notes.append(note)
         results.append(TaskResult(task, task_title(task), metric.higher_is_better, baseline, per_model))
     if not results:
-        raise ReportError("no task could be ranked: " + "; ".join(unranked.values()))
+        unreadable = [f"{bad.path} {bad.reason}" for bad in found.bad_files]  # often why: name them in the one line
+        raise ReportError("no task could be ranked: " + "; ".join([*unranked.values(), *unreadable]))
     board = leaderboard(results, chosen_models)
     return Report([str(f) for f in folders], found, metrics, board, statuses, unranked, left_out, notes)
 

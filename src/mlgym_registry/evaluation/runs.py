@@ -24,6 +24,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from ..bounded_json import JSONTooDeep
+from ..bounded_json import loads as load_json
 from .tasks import model_name
 
 RESULTS = "results.json"
@@ -157,8 +159,8 @@ def _folder_run(folder: Path, trajs: list[str], has_results: bool) -> Run:
 def _read(run: Run, bad_files: list[BadFile]) -> None:
     if run.results_path is not None:
         try:
-            data = json.loads(run.results_path.read_bytes())
-        except (OSError, ValueError) as exc:
+            data = load_json(run.results_path.read_bytes())
+        except (OSError, ValueError, MemoryError) as exc:
             run.unreadable = _reason(exc)
         else:
             problem = _results_problem(data)
@@ -190,6 +192,10 @@ def _reason(exc: BaseException) -> str:
         return "is not UTF-8 text"
     if isinstance(exc, json.JSONDecodeError):
         return f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, JSONTooDeep):
+        return f"is not usable JSON (nested deeper than {exc.max_depth} levels)"
+    if isinstance(exc, MemoryError):
+        return "is too large to read into memory"
     if isinstance(exc, OSError):
         return f"cannot be read ({exc.strerror or exc})"
     return str(exc)
@@ -212,8 +218,8 @@ def read_exit_status(path: Path) -> tuple[str | None, str | None]:
         return None, _reason(exc)
     if not (head.startswith(b"{") and tail.rstrip().endswith(b"}")):
         try:
-            data = json.loads(path.read_bytes())
-        except (OSError, ValueError) as exc:
+            data = load_json(path.read_bytes())
+        except (OSError, ValueError, MemoryError) as exc:
             return None, _reason(exc)
         if not isinstance(data, dict):
             return None, f"holds a JSON {type(data).__name__}, not a trajectory object"

@@ -67,8 +67,8 @@ def last_user_message(messages: Messages) -> str:
 
 
 _FILE_HEADER = re.compile(r"^\[File: (?P<path>.+) \((?P<lines>\d+) lines total\)\]$", re.MULTILINE)
-_EVALUATION = re.compile(r"Evaluation Score: (\{.*?\})")
-_BASELINE = re.compile(r"Baseline Score: (\{.*?\})")
+_EVALUATION = "Evaluation Score: "
+_BASELINE = "Baseline Score: "
 _REMAINING = re.compile(r"Remaining Steps: (\d+)\)")
 
 
@@ -104,12 +104,30 @@ def remaining_steps(text: str) -> int | None:
     return int(match[1]) if match else None
 
 
-def _literal_dict(pattern: re.Pattern[str], text: str) -> dict[str, float] | None:
-    match = pattern.search(text)
-    if not match:
+def _first_braced(prefix: str, text: str) -> str | None:
+    """What ``re.search(prefix + r"(\\{.*?\\})", text)`` captures, in linear time (the pattern's search took seconds
+    on a line of unclosed openers): an opener whose line has no ``}`` after it fails, and so does every later opener
+    of that line, so the search goes on from the next line."""
+    start = 0
+    while True:
+        found = text.find(prefix + "{", start)
+        if found < 0:
+            return None
+        brace = found + len(prefix)
+        line_end = text.find("\n", brace)
+        line_end = len(text) if line_end < 0 else line_end
+        close = text.find("}", brace, line_end)
+        if close >= 0:
+            return text[brace : close + 1]
+        start = line_end
+
+
+def _literal_dict(prefix: str, text: str) -> dict[str, float] | None:
+    braced = _first_braced(prefix, text)
+    if braced is None:
         return None
     try:
-        value = ast.literal_eval(match[1])
-    except (ValueError, SyntaxError):
+        value = ast.literal_eval(braced)
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
         return None
     return value if isinstance(value, dict) else None

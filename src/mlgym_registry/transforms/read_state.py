@@ -16,6 +16,7 @@ from typing import Any
 from tensordict import TensorDictBase
 from torchrl.data import Composite, NonTensor
 
+from .. import bounded_json
 from .base import ChainTransform, is_retry, text_of
 from .layout import Layout
 
@@ -29,7 +30,7 @@ _UNDECODED_BYTE = re.compile(r"(?<!\\)((?:\\\\)*)\\(x[0-9a-f]{2})")
 
 def _state_object(line: str) -> dict[str, Any] | None:
     try:
-        fields = json.loads(line)
+        fields = bounded_json.loads(line)  # a state nested too deep is unreadable, not a RecursionError
     except ValueError:
         return None
     if isinstance(fields, dict) and all(key in fields for key in STATE_KEYS):

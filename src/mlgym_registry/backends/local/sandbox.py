@@ -7,7 +7,8 @@ What a sandboxed process gets:
 - a new root holding only the system folders (``/usr``, ``/bin``, ``/lib*``, ``/etc`` less its secrets), the Python
   installations it needs and our tool folder, all read-only; nothing else of the host (no ``/root``, ``/home``,
   ``/work``, no package data, no other env's folder);
-- a private ``/tmp`` and ``$HOME`` (size-capped tmpfs) and the workspace at ``/home/agent/workspace``;
+- a private ``/tmp``, ``$HOME`` and ``/dev/shm`` (size-capped tmpfs; the rest of ``/dev`` read-only) and the
+  workspace at ``/home/agent/workspace``;
 - an environment built from scratch (never the driver's variables) and no inherited file descriptors;
 - death with its creator (``--die-with-parent``) and, through the PID namespace, death of everything it started when
   its first process goes.
@@ -75,6 +76,7 @@ class SandboxSpec:
     cwd: str = AGENT_WORKSPACE
     tmp_size_mb: int = 512
     home_size_mb: int = 512
+    shm_size_mb: int = 64  # Docker's default /dev/shm, which MLGym's container has
 
 
 @functools.cache
@@ -128,6 +130,10 @@ def command(argv: Sequence[str], spec: SandboxSpec) -> list[str]:
             args += ["--ro-bind", path, path]
     args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
     args += ["--proc", "/proc", "--dev", "/dev"]
+    # bwrap's /dev is an in-memory folder without a size cap, and /dev/shm a plain folder in it: without a memory
+    # cgroup both could take the host's memory. /dev/shm gets its own capped tmpfs and the rest of /dev is read-only
+    # (its device nodes are separate mounts and stay usable).
+    args += ["--size", str(spec.shm_size_mb << 20), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     for path in PROC_MASKED:
         if os.path.exists(path):
             args += ["--ro-bind", "/dev/null", path]
