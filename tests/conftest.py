@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -15,6 +16,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 TRAJECTORIES = SHARED / "mlgym-trajectories"
+
+# seeded runs derive their evaluators' seeds with an installation key (mlgym_registry.seeding): give the whole session
+# (its subprocesses and workers too) one of its own, so that tests never create a key in the user's config folder
+os.environ.setdefault("MLGYM_REGISTRY_SEED_KEY", secrets.token_hex(32))
 
 
 def recorded_results(traj: Path) -> Path | None:

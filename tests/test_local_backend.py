@@ -17,7 +17,7 @@ import pytest
 import yaml
 from conftest import TRAJECTORIES
 
-from mlgym_registry import observation_kinds, recorded_files
+from mlgym_registry import observation_kinds, recorded_files, seeding
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.protocol import INFO_KEYS, Backend
 from mlgym_registry.observation_kinds import KINDS, observation_kind
@@ -51,8 +51,6 @@ EVALUATE = textwrap.dedent(
         total += PAYOFF[move]
         history.append(move)
     result = {"Score": total / 10}
-    if os.environ.get("MLGYM_REGISTRY_SEED"):
-        result["Seed"] = int(os.environ["MLGYM_REGISTRY_SEED"])
     print(json.dumps(result))
     """
 )
@@ -269,13 +267,23 @@ def test_add_commands(backend):
     assert backend.communicate("greet again") == "hello again"
 
 
-def test_seed_reaches_the_evaluator(tmp_path):
-    with LocalBackend(tiny_spec(tmp_path), seed=1234) as env:
-        env.reset()
-        env.install_tools()
-        _, _, _, info = env.step("validate")
-        assert info["score"] == [{"Score": 3.0, "Seed": 1234}]
-        assert env.communicate("echo $MLGYM_REGISTRY_SEED") == "1234"
+def test_a_derived_seed_reaches_the_evaluator_only(tmp_path):
+    """The evaluator gets the episode's evaluation seed (derived from the user's seed, the episode's index and the
+    installation key; under the old variable name too), the agent's shell no seed at all; later resets continue the
+    seed's stream."""
+    spec = tiny_spec(tmp_path)
+    reporting = ('env = os.environ\n'
+                 'result.update(Seed=int(env["MLGYM_REGISTRY_EVAL_SEED"]), Old=int(env["MLGYM_REGISTRY_SEED"]))\n')
+    evaluate = tmp_path / "task_src" / "evaluate.py"
+    evaluate.write_text(EVALUATE.replace("print(json.dumps(result))", reporting + "print(json.dumps(result))"))
+    with LocalBackend(spec, seed=1234) as env:
+        for episode in range(2):
+            env.reset()
+            env.install_tools()
+            _, _, _, info = env.step("validate")
+            derived = seeding.derive("evaluation", 1234, episode)
+            assert info["score"] == [{"Score": 3.0, "Seed": derived, "Old": derived}]
+            assert env.communicate("env | grep -c SEED") == "0"
 
 
 def test_python_option_gives_the_shell_and_the_evaluator_another_interpreter(tmp_path):

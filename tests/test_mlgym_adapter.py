@@ -13,19 +13,20 @@ import pytest
 from engine_double import EngineDouble
 from standin import STANDIN_COMMAND_DOCS, write_standin_mlgym
 
-from mlgym_registry import BackendUnavailable, InvalidTaskError, TaskSpec, registry
+from mlgym_registry import BackendUnavailable, InvalidTaskError, TaskSpec, registry, seeding
 from mlgym_registry.backends.mlgym import MLGymBackend, command_file_entry
 from mlgym_registry.tasks.mlgym_source import load_mlgym_task
 
 EVALUATE = """\
 import json, os
 lines = len(open("target.py").read().splitlines())
-print(json.dumps({"Score": lines + float(os.environ.get("MLGYM_REGISTRY_SEED", 100))}))
+print(json.dumps({"Score": lines + (0 if os.environ.get("MLGYM_REGISTRY_EVAL_SEED") else 100)}))
 """
 
 
 def game_spec(root: Path, **changes) -> TaskSpec:
-    """A python-submission task of ours in ``root``: its score is target.py's line count + MLGYM_REGISTRY_SEED."""
+    """A python-submission task of ours in ``root``: its score is target.py's line count, + 100 when the evaluator
+    got no seed (MLGYM_REGISTRY_EVAL_SEED)."""
     folder = root / "game"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "evaluate.py").write_text(EVALUATE)
@@ -242,7 +243,8 @@ def test_registry_make_drives_the_mlgym_env(mlgym_checkout, engine, tmp_path):
         ("reset_container",), ("close",), ("communicate", "exit"), ("communicate", f"mkdir -p {home}/commands")
     ]
     index = calls.index(("reset", str(mlgym_checkout)))
-    assert calls[index - 2:index] == [("communicate", f"cd {home}"), ("communicate", "export MLGYM_REGISTRY_SEED=0")]
+    exported = f"export MLGYM_REGISTRY_EVAL_SEED={seeding.derive('evaluation', 0, 0)}"  # derived, not the raw seed
+    assert calls[index - 2:index] == [("communicate", f"cd {home}"), ("communicate", exported)]
     tools = [c for c in calls[index:] if c[0] == "communicate" and c[1].startswith("state()")]
     assert tools == [("communicate", backend.agent_config.tools_handler.state_command.code + "\nWINDOW=100\nOVERLAP=2")]
     history = td["history", "prompt"][0]
@@ -350,16 +352,21 @@ def test_seeds_reach_the_task_and_the_evaluator(backends, tmp_path):
     backend.reset()
     backend.install_tools()
     assert backend.task.seed == 3
-    assert backend.step("validate")[3]["score"] == [{"Score": 1.0 + 3}]
+    assert backend.step("validate")[3]["score"] == [{"Score": 1.0}]
     backend.reset(seed=7)  # MLGym fixes its seed at construction; reset(seed=...) replaces it
     backend.install_tools()
     assert backend.task.seed == 7 and backend.env.seed == 7
-    assert backend.step("validate")[3]["score"] == [{"Score": 1.0 + 7}]
-    assert backend.communicate("echo $MLGYM_REGISTRY_SEED") == "7"
+    assert backend.step("validate")[3]["score"] == [{"Score": 1.0}]
+    # the evaluator's seed is derived from the user's and the episode's index: the raw seed is nowhere in the shell
+    assert backend.communicate("echo $MLGYM_REGISTRY_EVAL_SEED") == str(seeding.derive("evaluation", 7, 0))
+    assert backend.communicate("echo ${MLGYM_REGISTRY_SEED-unset}") == "unset"
+    backend.reset()  # the next episode of seed 7's stream
+    assert backend.task.seed == 7
+    assert backend.communicate("echo $MLGYM_REGISTRY_EVAL_SEED") == str(seeding.derive("evaluation", 7, 1))
     unseeded = backends(game_spec(tmp_path))
     unseeded.reset()
     assert unseeded.task.seed == 42  # MLGym's default
-    assert unseeded.communicate("echo ${MLGYM_REGISTRY_SEED-unset}") == "unset"
+    assert unseeded.communicate("echo ${MLGYM_REGISTRY_EVAL_SEED-unset}") == "unset"
 
 
 def test_returncode_after_a_step_is_the_actions(backends, tmp_path):

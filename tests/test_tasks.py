@@ -42,10 +42,11 @@ def stage(reg: Registry, name: str, folder: Path) -> tuple[TaskSpec, Path]:
 
 
 def run_evaluator(spec: TaskSpec, workspace: Path, seed: int | None = 0) -> subprocess.CompletedProcess:
-    """Run the evaluator the way the backends do: `python evaluate.py ...` from the workspace."""
-    env = {k: v for k, v in os.environ.items() if k != "MLGYM_REGISTRY_SEED"}
+    """Run the evaluator the way the backends do: `python evaluate.py ...` from the workspace, with `seed` as the
+    evaluation seed the backend would derive (MLGYM_REGISTRY_EVAL_SEED)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MLGYM_REGISTRY_SEED", "MLGYM_REGISTRY_EVAL_SEED")}
     if seed is not None:
-        env["MLGYM_REGISTRY_SEED"] = str(seed)
+        env["MLGYM_REGISTRY_EVAL_SEED"] = str(seed)
     args = ["--submission_file", "submission.csv"] if spec.task_entrypoint == "CSVSubmissionTasks" else []
     return subprocess.run(
         [sys.executable, spec.evaluation_paths[0], *args], cwd=workspace, env=env, capture_output=True, text=True

@@ -15,6 +15,7 @@ from mlgym_registry import registry
 from .helpers import (
     HONEST,
     PACKAGE_DIR,
+    SEED,
     attacking_strategy,
     mini_prisoners_spec,
     open_backend,
@@ -50,7 +51,7 @@ def backend(spec):
 
 @pytest.fixture(scope="module")
 def honest(backend) -> dict:
-    backend.reset()
+    backend.reset(seed=SEED)
     output, code = status(backend, "python baseline.py")
     assert code == 0, output
     obs, score = validate(backend)
@@ -60,7 +61,7 @@ def honest(backend) -> dict:
 
 @pytest.fixture
 def env(backend, honest):
-    backend.reset()
+    backend.reset(seed=SEED)  # the honest score's episode (same evaluation seed)
     assert not (backend.host_workspace / "data" / "answer.csv").exists()
     return backend
 

@@ -11,6 +11,7 @@ from .helpers import (
     HONEST,
     PRINT_AND_EXIT,
     PRINT_FAKE,
+    SEED,
     assert_clean,
     attacking_strategy,
     honest_score,
@@ -37,7 +38,7 @@ def honest(backend) -> dict:
 
 @pytest.fixture
 def env(backend, honest):
-    backend.reset()
+    backend.reset(seed=SEED)  # the honest score's episode (same evaluation seed)
     return backend
 
 

@@ -12,8 +12,9 @@ What the adapter adds to MLGym (see ``docs/differences.md``):
 - the task config MLGym reads is always written from the spec as it is now (overrides, replays' starter files,
   ``spec.replace(...)``), with the spec's datasets as dataset configs; tasks whose ``secret_files`` or
   ``protected_files`` MLGym cannot enforce are refused unless ``allow_unprotected_files=True``;
-- ``reset(seed=...)`` reaches MLGym's task, and the seed is exported as ``MLGYM_REGISTRY_SEED`` in the container's
-  shell, where MLGym runs the evaluator;
+- ``reset(seed=...)`` reaches MLGym's task, and an evaluation seed derived from it (``seeding.py``: the episode's in
+  the seed's stream, never the raw seed) is exported as ``MLGYM_REGISTRY_EVAL_SEED`` in the container's shell, where
+  MLGym runs the evaluator. The agent's shell is that shell, so there the agent can read the evaluator's seed;
 - ``returncode`` after a step is the action's, not that of MLGym's ``export LAST_ACTION=...``;
 - everything MLGym needs is checked at ``make()``, before a container starts: MLGym and its Python dependencies, the
   engine's command line, the Docker Engine API that MLGym reaches through docker-py (``DOCKER_HOST``, for podman
@@ -39,6 +40,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import seeding
 from ..errors import BackendUnavailable, InvalidTaskError
 from ..specs import TaskSpec
 from .protocol import ToolSet, new_info
@@ -49,7 +51,7 @@ DEFAULT_IMAGE = "aigym/mlgym-agent:latest"
 """MLGym's default image (``EnvironmentArguments.image_name``); MLGym never pulls it itself."""
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 """Where docker-py (``docker.from_env()``, which MLGym calls) looks for the Engine API when ``DOCKER_HOST`` is unset."""
-SEED_VARIABLE = "MLGYM_REGISTRY_SEED"
+SEED_VARIABLE = seeding.EVALUATION_SEED_VARIABLE
 _DATASET_FIELDS = ("name", "description", "data_path", "is_local", "train_split", "valid_split", "test_split")
 _TASK_FIELDS = (
     "id", "name", "description", "task_entrypoint", "training_timeout", "use_generic_conda", "requirements_path",
@@ -264,8 +266,10 @@ class MLGymBackend:
         agent_config: an MLGym agent YAML whose tools are installed (default: the checkout's
             ``configs/agents/default.yaml``).
         image_name: the container image (default: MLGym's ``aigym/mlgym-agent:latest``; it must exist locally).
-        seed: MLGym's task seed (MLGym's default 42 when None) and ``MLGYM_REGISTRY_SEED`` in the container's shell,
-            which our tasks' evaluators read; ``reset(seed=...)`` replaces it.
+        seed: MLGym's task seed (MLGym's default 42 when None); each episode exports an evaluation seed derived from
+            it and the episode's index as ``MLGYM_REGISTRY_EVAL_SEED`` in the container's shell, which our tasks'
+            evaluators read (and the agent can read too: MLGym evaluates in the agent's shell). ``reset(seed=...)``
+            starts a new stream of episodes, later resets continue it.
         aliases_file: bash aliases to source (default: the spec's ``aliases_file``, else the checkout's
             ``dockerfiles/aliases.sh`` when present).
         allow_unprotected_files: run a task with ``secret_files`` or ``protected_files`` although MLGym shows those
@@ -304,6 +308,8 @@ class MLGymBackend:
         self.container_type = container_type
         self.devices = list(devices)
         self.seed = seed
+        self.episode = -1
+        """The current episode's index in the stream of ``seed`` (0 after ``reset(seed=...)``)."""
         self._scores: list[Any] = []
         self._action_returncode: int | None = None
         default_agent = self.root / "configs" / "agents" / "default.yaml"
@@ -468,9 +474,11 @@ class MLGymBackend:
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         """A fresh container session and task workspace (``reset_container``, ``cd``, ``reset``), as TorchRL does;
-        ``seed`` becomes MLGym's task seed and ``MLGYM_REGISTRY_SEED`` in the shell."""
+        ``seed`` becomes MLGym's task seed and starts a stream of episodes whose evaluation seeds (derived, see
+        ``seeding.py``) are exported as ``MLGYM_REGISTRY_EVAL_SEED`` in the shell; later resets continue the stream."""
         if seed is not None:
-            self.seed = seed
+            self.seed, self.episode = seed, -1
+        self.episode += 1
         self._scores = []
         self._action_returncode = None
         with in_directory(self.root):
@@ -483,7 +491,8 @@ class MLGymBackend:
             self.env.communicate(f"cd {Path(self.env.task_workspace).parent}")
             if self.seed is not None:
                 # MLGym runs evaluators in this shell, so they see it (our tasks' evaluators read it)
-                self.env.communicate(f"export {SEED_VARIABLE}={int(self.seed)}")
+                evaluation_seed = seeding.EpisodeSeeds.draw(self.seed, self.episode).evaluation
+                self.env.communicate(f"export {SEED_VARIABLE}={evaluation_seed}")
             observation, info = self.env.reset(seed=seed, options=options)
         return dict(observation or {"observation": None}), dict(info or {})
 

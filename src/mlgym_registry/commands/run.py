@@ -99,7 +99,7 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=cli_integer(1), default=None,
                         help="steps before autosubmission (default: the task's)")
     parser.add_argument("--seed", type=cli_integer(0), default=None,
-                        help="seed for the backend and the evaluator (an integer >= 0)")
+                        help="seed of the run; the evaluator's seed is derived from it (an integer >= 0)")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, unit: str) -> None:

@@ -2,7 +2,8 @@
 
     python -m mlgym_registry.tasks.baselines [--seeds N] [--write] [TASK ...]
 
-Each run happens in a fresh temporary workspace with ``MLGYM_REGISTRY_SEED`` set, as MLGym runs a baseline: the
+Each run happens in a fresh temporary workspace with the run's seed as ``MLGYM_REGISTRY_EVAL_SEED`` (the evaluator's
+seed; also as ``MLGYM_REGISTRY_SEED``, for scripts that read the older name), as MLGym runs a baseline: the
 baseline script (``baseline_paths[0]``) first, then the evaluator (``evaluation_paths[0]``). The script prints the
 mean and standard deviation of every metric over the seeds; ``--write`` stores the means as ``baseline_scores`` in
 the task files of our own suite. Without TASK names it covers the whole suite.
@@ -27,15 +28,15 @@ from ..specs import TaskSpec
 from .suite import TASKS_DIR
 from .workspace import stage_workspace
 
-SEED_ENV = "MLGYM_REGISTRY_SEED"
+SEED_ENVS = ("MLGYM_REGISTRY_EVAL_SEED", "MLGYM_REGISTRY_SEED")
 ENTRYPOINTS = ("PythonSubmissionTasks", "CSVSubmissionTasks")
 
 
 def run_python(script: str, args: Sequence[str], workspace: Path, seed: int | None, timeout: float) -> str:
     """Run ``python <script> <args>`` in ``workspace``; its stdout, or ``RuntimeError`` with its output on failure."""
-    env = {k: v for k, v in os.environ.items() if k != SEED_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in SEED_ENVS}
     if seed is not None:
-        env[SEED_ENV] = str(seed)
+        env.update(dict.fromkeys(SEED_ENVS, str(seed)))
     result = subprocess.run(
         [sys.executable, script, *args], cwd=workspace, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -1,7 +1,8 @@
 """Score `row_strategy` (strategy.py) against the partner in target.py at the repeated Battle of the Sexes.
 
 Plays many 10-round games and prints one JSON line, `{"Score": x}`: your mean payoff per round over all games.
-Set MLGYM_REGISTRY_SEED to an integer for a reproducible score; without it every run draws fresh randomness.
+MLGYM_REGISTRY_EVAL_SEED (an integer) seeds the evaluation for a reproducible score; without it every run draws fresh
+randomness. The backend derives it from the run's seed with a key the agent never sees, and only this process gets it.
 """
 
 import json
@@ -53,14 +54,14 @@ def play(row, column, games):
 
 
 def read_seed():
-    """The integer in MLGYM_REGISTRY_SEED, or None when it is unset."""
-    value = os.environ.get("MLGYM_REGISTRY_SEED", "").strip()
+    """The integer in MLGYM_REGISTRY_EVAL_SEED, or None when it is unset."""
+    value = os.environ.get("MLGYM_REGISTRY_EVAL_SEED", "").strip()
     if not value:
         return None
     try:
         return int(value)
     except ValueError:
-        raise SystemExit(f"MLGYM_REGISTRY_SEED must be an integer, got {value!r}") from None
+        raise SystemExit(f"MLGYM_REGISTRY_EVAL_SEED must be an integer, got {value!r}") from None
 
 
 def main():

@@ -2,7 +2,8 @@
 
 Plays many 10-round games. A round is worth 1 to the colonel who wins more battlefields, -1 to the other and 0 to
 both on a tie. Prints one JSON line, `{"Score": x}`: your mean payoff per round over all games.
-Set MLGYM_REGISTRY_SEED to an integer for a reproducible score; without it every run draws fresh randomness.
+MLGYM_REGISTRY_EVAL_SEED (an integer) seeds the evaluation for a reproducible score; without it every run draws fresh
+randomness. The backend derives it from the run's seed with a key the agent never sees, and only this process gets it.
 """
 
 import json
@@ -71,14 +72,14 @@ def play(row, column, games):
 
 
 def read_seed():
-    """The integer in MLGYM_REGISTRY_SEED, or None when it is unset."""
-    value = os.environ.get("MLGYM_REGISTRY_SEED", "").strip()
+    """The integer in MLGYM_REGISTRY_EVAL_SEED, or None when it is unset."""
+    value = os.environ.get("MLGYM_REGISTRY_EVAL_SEED", "").strip()
     if not value:
         return None
     try:
         return int(value)
     except ValueError:
-        raise SystemExit(f"MLGYM_REGISTRY_SEED must be an integer, got {value!r}") from None
+        raise SystemExit(f"MLGYM_REGISTRY_EVAL_SEED must be an integer, got {value!r}") from None
 
 
 def main():
