@@ -265,7 +265,8 @@ def standin_spec() -> TaskSpec:
 
 
 def make_ours(**options: Any) -> EnvBase:
-    """Our env over the stand-in backend, set to run on: no step limit, no turn cap."""
+    """Our env over the stand-in backend, set to run on: no step limit, no turn cap, with the reward to train on."""
+    options = {"reward": "mlgym_best_improvement", **options}
     return registry.make(standin_spec(), backend=STANDIN, max_steps=10**6, max_turns=None, **options)
 
 

@@ -121,7 +121,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model, tokenizer = load(args)
     generator = make_generator(args, model, tokenizer)
 
-    options = {"tokenizer": tokenizer} | ({"max_turns": args.max_turns} if args.max_turns else {})
+    # the reward to train on: it pays only improvements of the episode's best score, so validating is never worth
+    # more than improving (mlgym_score_delta, the reference's reward, pays every validate)
+    options = {"tokenizer": tokenizer, "reward": "mlgym_best_improvement"}
+    options |= {"max_turns": args.max_turns} if args.max_turns else {}
     env = registry.make(args.task[0], **options) if len(args.task) == 1 else registry.make(tasks=args.task, **options)
     env.set_seed(args.seed)
 

@@ -189,8 +189,9 @@ def test_rollout_and_check_env_specs(backends, layout):
 def test_seed_layout_has_the_reference_flat_keys(backends):
     env = make(backends, "seed")
     td = env.reset()
+    # the reference's keys, plus ours: how the step's evaluation ended and the flag a trainer masks infra errors on
     assert set(td.keys()) == {"history", "text", "message", "state", "retry", "observation", "done", "terminated",
-                              "truncated"}
+                              "truncated", "evaluation_status", "infra_error"}
     assert set(env.full_action_spec.keys()) == {"text_response"}
     nxt, _ = step(env, td, fenced("ls"))
     assert {"history", "text", "message", "state", "retry", "reward", "observation"} <= set(nxt.keys())

@@ -13,6 +13,7 @@ from mlgym_registry import registry
 from mlgym_registry.components.rewards import (
     ScoreDeltaReward,
     ScoreError,
+    failure_reward,
     metric_delta,
     parse_metrics,
     parse_validation,
@@ -57,11 +58,12 @@ def ranking(task_id: str, baseline: dict) -> tuple[str, float]:
     return next(iter(baseline)), 1.0
 
 
-def expected_reward(entry: dict, baseline: dict, task_id: str) -> float:
-    """What a scored entry of results.json is worth: its ranking metric's gain over the baseline, 0 if not finite."""
+def expected_reward(entry: dict, baseline: dict, task_id: str, non_finite: float = 0.0) -> float:
+    """What a scored entry of results.json is worth: its ranking metric's gain over the baseline (``non_finite``
+    when that is not a finite number)."""
     name, sign = ranking(task_id, baseline)
     value = sign * (float(entry[name]) - float(baseline.get(name, 0.0)))
-    return value if math.isfinite(value) else 0.0
+    return value if math.isfinite(value) else non_finite
 
 
 # -- MLGym's recorded runs ---------------------------------------------------------------------------------------------
@@ -99,7 +101,13 @@ def test_recorded_episode_rewards_count_every_score_once(path):
         else:
             step_info = info("", [validation["evaluation"]] if validation else [])
         rewards.append(reward(step["observation"], step_info, spec))
-    expected = [expected_reward(entry, results["baseline"], spec.id) for entry in results["agent"]]
+    # honest scores are paid no lower than the task's floor; an episode that ends without a scored submission
+    # (exit_cost, a failed submit, ...) pays the floor on its last step
+    floor = failure_reward(spec)
+    expected = [max(expected_reward(entry, results["baseline"], spec.id, floor), floor) for entry in results["agent"]]
+    scored_end = final["exit_status"] == "submitted" or final["exit_status"].startswith("autosubmission")
+    if final["exit_status"] and not (scored_end and final["score"]):
+        expected.append(floor)
     assert [r for r in rewards if r != 0.0] == pytest.approx([e for e in expected if e != 0.0])
     assert sum(rewards) == pytest.approx(sum(expected))
 
@@ -274,9 +282,13 @@ def test_submission_reward_from_info(status):
      "evaluation_format_error (max_steps)", "RuntimeError, boom, (submit)"],
 )
 def test_no_submission_reward_without_a_scored_submission(status):
+    """An episode that ends without a scored submission pays the task's floor (failing never pays more than
+    trying); a step that ends nothing pays 0."""
     step_info = info(status, [{"Score": 2.5}])  # e.g. an earlier validation's score left in an accumulated info
     assert score_from_info(step_info, PD) is None
-    assert reward("Exited (submit)", step_info, PD) == 0.0
+    expected = 0.0 if not status else failure_reward(PD)
+    assert reward("Exited (submit)", step_info, PD) == pytest.approx(expected)
+    assert failure_reward(PD) == pytest.approx(-2.3716301918029785)  # no worst_score: minus the baseline's size
 
 
 def test_validate_then_submit_each_count_once():
@@ -310,9 +322,12 @@ def test_forged_validation_text_does_not_pay_after_a_real_validation_either():
         2.5 - 2.3716301918029785)
 
 
-def test_non_finite_scores_give_zero():
-    assert reward(validation_text("{'Score': 1.0}", "{'Score': nan}"), None, PD) == 0.0
-    assert reward("Exited (submit)", info("submitted", [{"Score": float("nan")}]), PD) == 0.0
+def test_non_finite_scores_pay_the_floor():
+    """A non-finite metric is never a score: it pays what a failure pays, never 0 (which beats honest poor play)."""
+    floor = failure_reward(PD)
+    assert reward(validation_text("{'Score': 1.0}", "{'Score': nan}"), None, PD) == pytest.approx(floor)
+    assert reward("Exited (submit)", info("submitted", [{"Score": float("nan")}]), PD) == pytest.approx(floor)
+    assert reward("Exited (submit)", info("submitted", [{"Score": float("-inf")}]), PD) == pytest.approx(floor)
 
 
 def test_registered_reward():
@@ -320,3 +335,80 @@ def test_registered_reward():
     assert isinstance(assigner, ScoreDeltaReward)
     spec = TaskSpec(id="aGame", baseline_scores=[{"Score": 1.0}])
     assert assigner(validation_text("{'Score': 1.0}", "{'Score': 1.25}"), info("", [{"Score": 1.25}]), spec) == 0.25
+
+
+# -- evaluation statuses, floors and the best-improvement reward ------------------------------------------------------
+def evaluated(status: str, scores: list, exit_status: str = "") -> dict:
+    """The info of a step on which the backend ran an evaluation that ended with ``status``."""
+    return {**info(exit_status, scores), "evaluation_status": status}
+
+
+HOUSE = TaskSpec(id="houseRegression", baseline_scores=[{"rmse": 47826.6679, "r2": 0.8157}],
+                 worst_score={"r2": -10.0}, extra={"priority_metric": "r2"})
+
+
+def test_failure_reward_comes_from_the_task():
+    assert failure_reward(HOUSE) == pytest.approx(-10.0 - 0.8157)
+    assert failure_reward(PD.replace(worst_score={"Score": 0.0})) == pytest.approx(-2.3716301918029785)
+    assert failure_reward(PD.replace(failure_reward=-7.5)) == -7.5
+    assert failure_reward(PD.replace(failure_reward=3.0)) == 0.0  # a failure never pays above the baseline
+    minimised = TaskSpec(id="t", baseline_scores=[{"Time": 16.0}], extra={"metric_direction": "min"})
+    assert failure_reward(minimised) == -16.0  # scale-aware default: twice the baseline's time
+    assert failure_reward(TaskSpec(id="t")) == -1.0
+
+
+@pytest.mark.parametrize("name", ["mlgym_score_delta", "mlgym_best_improvement"])
+def test_a_failed_evaluation_never_pays_more_than_an_honest_poor_one(name):
+    assigner = registry.get("reward", name)
+    poorest_honest = assigner("", evaluated("ok", [{"r2": -1e6}], "submitted"), HOUSE)
+    for status in ("invalid_submission", "agent_error"):
+        assert assigner("Exited (submit)", evaluated(status, [], "evaluation_format_error (submit)"), HOUSE) \
+            <= poorest_honest
+    assert poorest_honest == pytest.approx(failure_reward(HOUSE))  # honest scores below the floor are clipped
+    # breaking the metric (a price of 1e308 scores r2 = -inf) is a failure, not a 0
+    assert assigner("", evaluated("ok", [{"rmse": float("inf"), "r2": float("-inf")}], "submitted"), HOUSE) \
+        == pytest.approx(failure_reward(HOUSE))
+
+
+@pytest.mark.parametrize("name", ["mlgym_score_delta", "mlgym_best_improvement"])
+def test_infra_errors_are_never_paid(name):
+    assigner = registry.get("reward", name)
+    assert assigner("Error: no module named pandas", evaluated("infra_error", []), PD) == 0.0
+    assert assigner("Exited (submit)", evaluated("infra_error", [], "ModuleNotFoundError, x, (submit)"), PD) == 0.0
+
+
+def test_score_delta_pays_every_validate_and_best_improvement_only_improvements():
+    base = 2.3716301918029785
+    steps = [  # (observation, info): three validates of the same code, an improvement, a worse one, the submit
+        ("v", evaluated("ok", [{"Score": 2.4}])),
+        ("v", evaluated("ok", [{"Score": 2.4}] * 2)),
+        ("echo", {**info("", [{"Score": 2.4}] * 2), "evaluation_status": ""}),
+        ("v", evaluated("ok", [{"Score": 2.4}] * 3)),
+        ("v", evaluated("ok", [{"Score": 2.4}] * 3 + [{"Score": 2.6}])),
+        ("v", evaluated("ok", [{"Score": 2.4}] * 3 + [{"Score": 2.6}, {"Score": 2.5}])),
+        ("Exited (submit)", evaluated("ok", [{"Score": 2.4}] * 3 + [{"Score": 2.6}, {"Score": 2.5}, {"Score": 2.5}],
+                                      "submitted")),
+    ]
+    delta = [registry.get("reward", "mlgym_score_delta")(o, i, PD) for o, i in steps]
+    best = [registry.get("reward", "mlgym_best_improvement")(o, i, PD) for o, i in steps]
+    assert delta == pytest.approx([2.4 - base, 2.4 - base, 0.0, 2.4 - base, 2.6 - base, 2.5 - base, 2.5 - base])
+    assert best == pytest.approx([2.4 - base, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0])
+    assert sum(best) == pytest.approx(2.6 - base)  # the best score minus the baseline, however often it validated
+
+
+def test_best_improvement_pays_the_floor_only_before_any_score():
+    assigner = registry.get("reward", "mlgym_best_improvement")
+    floor = failure_reward(PD)
+    assert assigner("", evaluated("agent_error", []), PD) == pytest.approx(floor)
+    assert assigner("", evaluated("agent_error", [{"Score": 2.4}]), PD) == 0.0
+    assert assigner("Exited (exit_forfeit)", info("exit_forfeit", []), PD) == pytest.approx(floor)
+    assert assigner("Exited (exit_forfeit)", info("exit_forfeit", [{"Score": 2.4}]), PD) == 0.0
+
+
+@pytest.mark.parametrize("name", ["mlgym_score_delta", "mlgym_best_improvement"])
+def test_format_exit_autosubmission_pays_no_evaluator_score_by_default(name):
+    assigner = registry.get("reward", name)
+    step_info = evaluated("ok", [{"Score": 2.38}], "autosubmission (exit_format)")
+    assert assigner("Exited (exit_format)", step_info, PD) == pytest.approx(failure_reward(PD))
+    scoring = PD.replace(score_format_exit=True)
+    assert assigner("Exited (exit_format)", step_info, scoring) == pytest.approx(2.38 - 2.3716301918029785)

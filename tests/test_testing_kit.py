@@ -100,7 +100,17 @@ class KeyErrorReward:
         return float(observation.split("Evaluation Score: ")[1].strip("{}").split(": ")[1])
 
 
+class LatestScoreReward:
+    """Broken: reads the latest score on every step that ends the episode, as if every ending were scored."""
+
+    def __call__(self, observation, info, spec):
+        if info["exit_status"]:
+            return float(info["score"][-1]["Score"]) - spec.baseline["Score"]
+        return 0.0
+
+
 @pytest.mark.parametrize("reward, message", [
+    (LatestScoreReward(), "raised IndexError.*on a failed submit \\(invalid_submission, no score\\)"),
     (StringReward(), "returned '0.5' \\(str\\).*finite float"),
     (MutatingReward(), "changed the info dict on a validate observation"),
     (KeyErrorReward(), "raised IndexError.*on a plain observation"),

@@ -134,7 +134,14 @@ def test_three_format_errors_in_a_row_end_the_episode_with_exit_format(made):
     nxt, td = respond(env, td, "no command here either")
     assert nxt["done"].item() and nxt["terminated"].item() and not nxt["truncated"].item()
     assert made[-1].actions == ["exit_format"]  # MLGym's special action: the backend autosubmits
-    assert nxt["reward"].item() == pytest.approx(-1.0 + (1.5 - 1.0))  # the penalty, and the autosubmission's score
+    # the penalty, and the task's floor: the autosubmission of an episode of garbage is not paid its score
+    assert nxt["reward"].item() == pytest.approx(-1.0 + -1.0)
+    env.close()
+    env = make(reward_wrong_format=-1.0, scores=[{"Score": 1.5}], score_format_exit=True)
+    td = env.reset()
+    for _ in range(3):
+        nxt, td = respond(env, td, "no command here")
+    assert nxt["reward"].item() == pytest.approx(-1.0 + (1.5 - 1.0))  # asked for: the autosubmission's score
     env.close()
 
 

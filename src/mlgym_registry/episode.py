@@ -103,10 +103,21 @@ class EpisodeResult:
             return None
         return metric_delta(self.score, self.baseline, self.spec)
 
+    @property
+    def infra_errors(self) -> int:
+        """How many of the episode's evaluations failed for reasons that are not the agent's (``infra_error``)."""
+        return list(self.info.get("evaluations") or []).count("infra_error")
+
     def summary(self) -> str:
-        """One line: exit status, score and baseline."""
+        """One line: exit status, score and baseline (and any evaluation the infrastructure failed)."""
         if self.failure:
             return f"failed after {len(self.turns)} turns: {self.failure}"
+        if self.infra_errors:
+            return f"{self._summary()}; WARNING: {self.infra_errors} evaluation(s) failed for reasons that are not " \
+                   "the agent's (infra_error: not paid, not the agent's outcome)"
+        return self._summary()
+
+    def _summary(self) -> str:
         status = self.info.get("exit_status") or "not finished"
         metric = self.metric
         if self.score is None or metric is None:

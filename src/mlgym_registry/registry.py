@@ -20,7 +20,7 @@ from .plugins import BUILTIN_DISTRIBUTION, PluginInfo, PluginLoader, Registratio
 from .specs import COMPONENT_KINDS, KINDS, ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
 from .validation import validate_overrides, validate_task_options
 
-SPEC_OVERRIDES = ("max_steps",)
+SPEC_OVERRIDES = ("max_steps", "failure_reward", "score_format_exit")
 """``make`` keywords that change the task spec itself (besides the component names)."""
 
 PATH_LOADERS: dict[str, str] = {
@@ -429,10 +429,10 @@ class Registry:
         """Build the TorchRL env of a task (or of several, sampled on each reset, with ``tasks=[...]``).
 
         Overrides replace what the spec names (``backend=``, ``parser=``, ``template=``, ``reward=``, ``isolator=``,
-        ``history=``, ``max_steps=``), configure the chain (``tokenizer=``, ``chat_template_name=``,
-        ``reward_wrong_format=``, ``device=``, ``layout=``, ``batch_size=``, ``input_mode=``, ``max_format_errors=``,
-        ``max_turns=``; see ``chain.build_env``) or go to the backend (its factory's keyword arguments, or
-        ``backend_options={...}``).
+        ``history=``, ``max_steps=``, ``failure_reward=``, ``score_format_exit=``), configure the chain
+        (``tokenizer=``, ``chat_template_name=``, ``reward_wrong_format=``, ``device=``, ``layout=``, ``batch_size=``,
+        ``input_mode=``, ``max_format_errors=``, ``max_turns=``; see ``chain.build_env``) or go to the backend (its
+        factory's keyword arguments, or ``backend_options={...}``).
         Unknown keys raise ``InvalidOverrideError`` (``UnknownOptionError`` for a backend option the backend does
         not take); a value of the wrong type or out of range raises ``InvalidOptionError`` (a ``ValueError``) naming
         the option and its valid range (see ``validation.OPTION_RULES``). Both are raised before anything is built.

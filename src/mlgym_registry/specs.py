@@ -44,7 +44,9 @@ class TaskSpec:
 
     Relative paths (``starter_code``, ``sample_submission``, ``requirements_path``, dataset ``data_path``) are resolved
     against ``root``. ``baseline_paths``, ``evaluation_paths`` and ``protected_files`` are relative to the agent's
-    workspace, as in MLGym. Evaluators read an optional seed from the ``MLGYM_REGISTRY_SEED`` environment variable.
+    workspace, as in MLGym. Evaluators read an optional seed from the ``MLGYM_REGISTRY_EVAL_SEED`` environment
+    variable: the backend derives it from the run's seed with a key the agent never sees (``seeding.py``) and sets it
+    in the evaluator's process only.
     """
 
     id: str
@@ -68,6 +70,12 @@ class TaskSpec:
     memory_path: str | None = None
     # ours: workspace files the agent must not be able to change its score through (e.g. the opponent)
     protected_files: list[str] = field(default_factory=list)
+    # ours, for rewards: the worst honest value of each metric (a failed evaluation is paid as this score, and honest
+    # scores beyond it are clipped to it); a reward that replaces it (None: from worst_score, else -1.0); whether the
+    # autosubmission after repeated format errors is paid its evaluator score (by default it is paid as a failure)
+    worst_score: dict[str, float] = field(default_factory=dict)
+    failure_reward: float | None = None
+    score_format_exit: bool = False
     # ours
     root: str | None = None
     source: str | None = None

@@ -150,27 +150,51 @@ def _parse(parser: Callable[[str], Any], response: str, what: str) -> tuple[str,
 
 # -- reward assigners --------------------------------------------------------------------------------------------
 def _reward_cases(spec: TaskSpec) -> list[tuple[str, str, dict[str, Any]]]:
-    from .backends.protocol import new_info
+    from .backends.protocol import (
+        AGENT_ERROR,
+        EVALUATION_OK,
+        EVALUATION_STATUS_KEY,
+        INFRA_ERROR,
+        INVALID_SUBMISSION,
+        new_info,
+    )
+
+    def step_info(status: str = "", exit_status: str = "", scores: list | None = None) -> dict[str, Any]:
+        """The info the env hands a reward: the backend's, with this step's evaluation status and the episode's."""
+        info = new_info()
+        info.update(exit_status=exit_status, score=list(scores or []))
+        info[EVALUATION_STATUS_KEY] = status
+        info["evaluations"] = [status] if status else []
+        return info
 
     baseline = spec.baseline or {"Score": 1.0}
     better = {key: float(value) + 1.0 for key, value in baseline.items()}
-    validated = new_info()
-    validated["score"] = [better]
-    submitted = copy.deepcopy(validated)
-    submitted.update(exit_status="submitted", submission="target.py")
+    validated = step_info(EVALUATION_OK, scores=[better])
+    submitted = step_info(EVALUATION_OK, "submitted", [better])
+    submitted["submission"] = "target.py"
     validate_text = (f"Your code produced a valid submission artefact at /w/target.py.\nBaseline Score: {baseline}\n"
                      f"Evaluation Score: {better}")
     return [
-        ("a plain observation", "file.txt\nstrategy.py", new_info()),
-        ("an empty observation", "", new_info()),
+        ("a plain observation", "file.txt\nstrategy.py", step_info()),
+        ("an empty observation", "", step_info()),
         ("a validate observation", validate_text, validated),
         ("the final submit", "Exited (submit)", submitted),
-        ("a format error", "Malformed edit command.", new_info()),
+        ("a format error", "Malformed edit command.", step_info()),
+        ("a failed validate (agent_error, no score yet)", "Failed to decode metrics from evaluation script.",
+         step_info(AGENT_ERROR)),
+        ("a failed submit (invalid_submission, no score)", "Exited (submit)",
+         step_info(INVALID_SUBMISSION, "evaluation_format_error (submit)")),
+        ("an infra_error validate", "Error: the evaluator could not start", step_info(INFRA_ERROR)),
+        ("a skip", "Skipped", step_info(exit_status="skipped")),
+        ("a forfeit", "Exited (exit_forfeit)", step_info(exit_status="exit_forfeit")),
+        ("the autosubmission after format errors", "Exited (exit_format)",
+         step_info(EVALUATION_OK, "autosubmission (exit_format)", [better])),
     ]
 
 
 def check_reward_assigner(reward: Callable[..., Any], spec: TaskSpec | None = None) -> None:
-    """Check ``reward(observation, info, spec) -> float`` on plain, empty, validate, submit and error steps.
+    """Check ``reward(observation, info, spec) -> float`` on plain, empty, validate, submit and format-error steps,
+    failed and infra-failed evaluations (``info["score"]`` empty), skips, forfeits and the format-error autosubmission.
 
     Each call must return a finite real number, leave ``info`` unchanged and give the same value when repeated.
     """
@@ -409,7 +433,7 @@ def check_backend(factory: Callable[..., Any], spec: TaskSpec | str = "prisoners
     or a sandbox's path). A backend whose workspace is a folder here exposes it as ``host_workspace``: the kit then
     checks that it exists after ``reset()`` and is gone after ``close()``. A container backend (``mlgym``) has none,
     and the kit checks its workspace only through the agent's shell (``ls`` shows the starter files)."""
-    from .backends.protocol import INFO_KEYS, ToolSet
+    from .backends.protocol import EVALUATION_STATUS_KEY, EVALUATION_STATUSES, INFO_KEYS, ToolSet
     from .registry import registry
 
     what = f"backend {_name(factory)}"
@@ -441,8 +465,12 @@ def check_backend(factory: Callable[..., Any], spec: TaskSpec | str = "prisoners
         if not (isinstance(result, tuple) and len(result) == 4):
             _fail(what, f"step() returned {result!r:.80}; it must return (observation, reward, done, info)")
         observation, _reward, done, info = result
-        if set(info) != set(INFO_KEYS):
-            _fail(what, f"step() info has keys {sorted(info)}; MLGym's info has exactly {list(INFO_KEYS)}")
+        if not set(INFO_KEYS) <= set(info) <= set(INFO_KEYS) | {EVALUATION_STATUS_KEY}:
+            _fail(what, f"step() info has keys {sorted(info)}; MLGym's info has exactly {list(INFO_KEYS)} (and "
+                        f"optionally {EVALUATION_STATUS_KEY!r})")
+        if info.get(EVALUATION_STATUS_KEY, "") not in ("", *EVALUATION_STATUSES):
+            _fail(what, f"step() info[{EVALUATION_STATUS_KEY!r}] is {info[EVALUATION_STATUS_KEY]!r}; use one of "
+                        f"{list(EVALUATION_STATUSES)} or ''")
         if done or backend.current_step != 1:
             _fail(what, f"after one step done={done} and current_step={backend.current_step}; expected False and 1")
         starter = {Path(path).name for path in spec.starter_code}
@@ -562,7 +590,11 @@ def run_evaluator(spec: TaskSpec, *, seed: int | None = None, timeout: float | N
     """Copy the starter files to a temporary workspace, run the baseline script if the task has a submission file
     to produce, run the evaluator, and return the metrics it printed (the first JSON object line of its output)."""
     timeout = timeout or float(spec.training_timeout or 1800)
-    env = {**os.environ, "MLGYM_REGISTRY_SEED": str(seed)} if seed is not None else dict(os.environ)
+    # the seed as the evaluation seed (no agent runs here: nothing to derive it from) and, for scripts written before
+    # MLGYM_REGISTRY_EVAL_SEED, under the old name too
+    env = {k: v for k, v in os.environ.items() if k not in ("MLGYM_REGISTRY_SEED", "MLGYM_REGISTRY_EVAL_SEED")}
+    if seed is not None:
+        env.update(MLGYM_REGISTRY_EVAL_SEED=str(seed), MLGYM_REGISTRY_SEED=str(seed))
     with tempfile.TemporaryDirectory(prefix="mlgym-registry-check-") as folder:
         workspace = Path(folder)
         for path in spec.starter_code:

@@ -4,7 +4,8 @@ A ``.traj`` is a JSON object ``{environment, trajectory, history, info}``; each 
 ``state`` (the state JSON before the action), ``response`` (the model's raw text), ``thought``, ``action`` (the parsed
 action, before heredoc guarding), ``execution_time`` and ``observation``. ``history`` is the system message, then the
 user and assistant turns (assistant turns also carry ``thought`` and ``action``); there is no user message after the
-last step. ``results.json`` is ``{"agent": info["score"], "baseline": baseline_scores[0]}``.
+last step. ``results.json`` is ``{"agent": info["score"], "baseline": baseline_scores[0]}``, plus (ours) the status of
+every evaluation of the episode (``"evaluations"``) and the count of ``infra_error`` ones (``"infra_errors"``).
 
 ``TrajectoryWriter`` rewrites both files after every step, each through a temporary file and an atomic rename, so an
 interrupted run leaves the steps done so far in a complete, loadable file.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .bounded_json import loads as load_json
 from .errors import MLGymRegistryError
 
 STEP_KEYS = ("action", "observation", "response", "state", "thought", "execution_time")
@@ -96,11 +98,17 @@ def load_traj(path: str | Path) -> Trajectory:
 def _read_json(path: Path, what: str) -> Any:
     """The JSON in ``path``; ``TrajectoryError`` naming ``what`` when it is missing or not JSON."""
     try:
-        return json.loads(path.read_text())
+        return load_json(path.read_text())
     except FileNotFoundError:
         raise TrajectoryError(f"{what} {str(path)!r} does not exist") from None
+    except UnicodeDecodeError:
+        raise
     except json.JSONDecodeError as exc:
         raise TrajectoryError(f"{what} {str(path)!r} is not valid JSON: {exc}") from exc
+    except ValueError as exc:  # nested too deep (``bounded_json.JSONTooDeep``), an integer with too many digits
+        raise TrajectoryError(f"{what} {str(path)!r} is not usable JSON: {exc}") from None
+    except MemoryError:
+        raise TrajectoryError(f"{what} {str(path)!r} is too large to read into memory") from None
 
 
 def trajectory_from_dict(data: Any, path: Path | None = None) -> Trajectory:
@@ -223,6 +231,12 @@ class TrajectoryWriter:
     def results(self) -> dict[str, Any]:
         """The ``results.json`` object: the scores so far and the baseline (and why, for an episode that failed)."""
         results: dict[str, Any] = {"agent": list(self.info.get("score") or []), "baseline": self.baseline or {}}
+        evaluations = list(self.info.get("evaluations") or [])
+        if evaluations:
+            results["evaluations"] = evaluations
+            infra = evaluations.count("infra_error")
+            if infra:
+                results["infra_errors"] = infra
         if self.failure:
             results["failed"] = self.failure
         return results

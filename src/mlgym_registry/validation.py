@@ -99,6 +99,8 @@ OPTION_RULES: dict[str, Rule] = {
     # the task spec (make's max_steps=, the spec's own fields)
     "max_steps": integer_at_least(1),
     "training_timeout": positive_number(optional=True),
+    "failure_reward": Rule("a finite number", is_number, optional=True),
+    "score_format_exit": BOOLEAN,
     # backend options (the local backend's, and any other backend's of the same name)
     "command_timeout": positive_number(),
     "long_timeout": positive_number(optional=True),
@@ -107,6 +109,7 @@ OPTION_RULES: dict[str, Rule] = {
     "cpu_seconds": integer_at_least(1, optional=True),
     "max_processes": integer_at_least(1, optional=True),
     "max_file_mb": integer_at_least(1, optional=True),
+    "max_snapshot_mb": integer_at_least(1, optional=True),
     "seed": integer_at_least(0, optional=True),
     "network": BOOLEAN,
     "sandbox": Rule("'bwrap' or 'none'", lambda value: value in ("bwrap", "none")),
@@ -162,6 +165,14 @@ def validate_task_options(spec: Any, backend_options: Mapping[str, Any], accepte
     """
     check_option("max_steps", spec.max_steps)
     check_option("training_timeout", spec.training_timeout)
+    check_option("failure_reward", getattr(spec, "failure_reward", None))
+    check_option("score_format_exit", getattr(spec, "score_format_exit", False))
+    worst = getattr(spec, "worst_score", None) or {}
+    if not isinstance(worst, Mapping) or not all(isinstance(k, str) and is_number(v) for k, v in worst.items()):
+        raise InvalidOptionError(
+            f"task {spec.id!r}: worst_score must map metric names to finite numbers (e.g. {{'Score': 0.0}}), "
+            f"got {worst!r}"
+        )
     if accepted is not None:
         unknown = set(backend_options) - accepted
         if unknown:

@@ -21,6 +21,7 @@ from .helpers import (
     HONEST,
     PRINT_AND_EXIT,
     PRINT_FAKE,
+    SEED,
     assert_clean,
     assert_not_forged,
     attacking_strategy,
@@ -50,8 +51,9 @@ def honest(backend) -> dict:
 
 @pytest.fixture
 def env(backend, honest):
-    """The module's backend with a fresh workspace and shell (the honest score is known by then)."""
-    backend.reset()
+    """The module's backend with a fresh workspace and shell (the honest score is known by then), in the episode the
+    honest score was measured in (the first of SEED's stream: same evaluation seed)."""
+    backend.reset(seed=SEED)
     return backend
 
 
@@ -289,10 +291,14 @@ def test_echoing_a_validation_message_pays_nothing_even_after_a_real_validation(
         assert "Evaluation Score: {'Score': 1000.0}" in str(after["observation"])
         assert float(after["reward"].sum()) == 0.0
         assert len(env.base_env.last_info["score"]) == 1
-        # the real evaluation's own numbers, echoed, pay what validating again would: never more than real
+        # the real evaluation's own numbers, echoed, are no evaluation either: nothing ran, nothing is paid
         score = env.base_env.last_info["score"][-1]
         baseline = mini_spec.baseline_scores[0] if mini_spec.baseline_scores else "NA"
         after, td = act(f"echo \"Baseline Score: {baseline}\"; echo \"Evaluation Score: {score}\"")
+        assert after["evaluation_status"] == ""
+        assert float(after["reward"].sum()) == 0.0
+        after, td = act("validate")  # validating again is an evaluation, paid as the reward says
+        assert after["evaluation_status"] == "ok"
         assert float(after["reward"].sum()) == pytest.approx(real)
     finally:
         env.close()

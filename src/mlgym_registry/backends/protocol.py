@@ -6,6 +6,8 @@ it (formats, step counting, special actions, ``info`` keys) are in MLGym's ``MLG
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -59,6 +61,60 @@ INFO_KEYS = ("model_stats", "exit_status", "submission", "score", "summarizer")
 """The keys of every ``info`` dict a backend's ``step`` returns (MLGym's ``AgentInfo``)."""
 
 
+EVALUATION_OK = "ok"
+INVALID_SUBMISSION = "invalid_submission"
+AGENT_ERROR = "agent_error"
+INFRA_ERROR = "infra_error"
+EVALUATION_STATUSES = (EVALUATION_OK, INVALID_SUBMISSION, AGENT_ERROR, INFRA_ERROR)
+"""How an evaluation (a validate, a submit or an autosubmission) ended:
+
+- ``ok``: the pristine evaluator scored the submission with finite metrics (they were appended to ``info["score"]``);
+- ``invalid_submission``: there was nothing valid to score (no artefact, a file the evaluator rejects, non-finite
+  metrics);
+- ``agent_error``: the agent's code raised, timed out, ran out of memory or processes, or answered with no valid value;
+- ``infra_error``: the evaluation failed for a reason that is not the agent's (a missing package, the harness or the
+  evaluator itself failing, a backend that cannot evaluate the task). Never paid as the agent's outcome.
+"""
+
+EVALUATION_STATUS_KEY = "evaluation_status"
+"""The optional ``info`` key where a backend says how this step's evaluation ended (one of
+``EVALUATION_STATUSES``; empty when the step evaluated nothing). The env infers it for backends that do not say."""
+
+
 def new_info() -> dict[str, Any]:
     """A fresh ``info`` dict with MLGym's five keys."""
     return {"model_stats": {}, "exit_status": "", "submission": None, "score": [], "summarizer": {}}
+
+
+EVALUATIONS_KEY = "evaluations"
+"""Where the env keeps, in the ``info`` it passes on, the status of every evaluation of the episode so far."""
+
+_FAILED_VALIDATION_OPENINGS = (
+    "Submission artefact not found",
+    "Failed to decode metrics from evaluation script",
+)
+_FAILED_EXITS = ("submission_not_found", "evaluation_format_error", "invalid_submission")
+_FAILED_EXIT = re.compile(r", \((?:submit|max_steps|exit_\w+)\)$")
+"""MLGym's exit status for any other failed (auto)submission: ``"<Error>, <message>, (<action>)"``."""
+
+
+def infer_evaluation_status(observation: str | None, info: dict[str, Any], scores_before: int) -> str:
+    """How this step's evaluation ended, for a backend whose ``info`` does not say (``EVALUATION_STATUS_KEY``).
+
+    ``ok`` when ``info["score"]`` grew on this step (``invalid_submission`` when the new metrics are not finite);
+    ``invalid_submission`` when the step shows one of MLGym's failed-evaluation texts or ended the episode with one
+    of its failed-evaluation exit statuses (MLGym's errors do not say whose fault they were: the agent's is assumed,
+    so a failure is never excused); else ``""`` (nothing was evaluated).
+    """
+    scores = info.get("score") or []
+    if len(scores) > scores_before:
+        latest = scores[-1]
+        values = latest.values() if isinstance(latest, dict) else ()
+        finite = all(not isinstance(v, float) or math.isfinite(v) for v in values)
+        return EVALUATION_OK if finite else INVALID_SUBMISSION
+    exit_status = str(info.get("exit_status") or "")
+    if exit_status.startswith(_FAILED_EXITS) or _FAILED_EXIT.search(exit_status):
+        return INVALID_SUBMISSION
+    if (observation or "").lstrip().startswith(_FAILED_VALIDATION_OPENINGS):
+        return INVALID_SUBMISSION
+    return ""

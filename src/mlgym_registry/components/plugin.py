@@ -28,8 +28,13 @@ def register_templates(register):
 @hookimpl
 def register_reward_assigners(register):
     register("mlgym_score_delta", f"{_PKG}.rewards:ScoreDeltaReward",
-             description="The evaluator's score minus the task's baseline, at each real validate and at the final "
-                         "submission (numbers from info['score'], never from printed text).")
+             description="The evaluator's score minus the task's baseline at EVERY real validate and at the final "
+                         "submission (the reference chain's reward: sums grow with validates, so train with "
+                         "mlgym_best_improvement); failures pay the task's floor, infra errors 0.")
+    register("mlgym_best_improvement", f"{_PKG}.rewards:BestImprovementReward",
+             description="Pays only improvements of the episode's best score (the first score pays score minus "
+                         "baseline): an episode sums to its best score minus the baseline however often it "
+                         "validates; failures pay the task's floor. The reward to train on.")
 
 
 @hookimpl

@@ -12,8 +12,10 @@ import ast
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from ..backends.protocol import AGENT_ERROR, EVALUATION_OK, EVALUATION_STATUS_KEY, INFRA_ERROR, INVALID_SUBMISSION
 from ..tasks.mlgym_metrics import RankingMetric, mlgym_ranking_metric
 
 VALIDATION_PREFIX = "Your code produced a valid submission artefact at "
@@ -22,11 +24,15 @@ VALIDATION_PREFIX = "Your code produced a valid submission artefact at "
 NO_BASELINE = "NA (no baseline was there)"
 """What MLGym prints as the baseline when the task has none."""
 
-_SUBMISSION = re.compile(rf"^{re.escape(VALIDATION_PREFIX)}(.*)\.[ \t]*\r?$", re.MULTILINE)
-_BASELINE = re.compile(r"^Baseline Score: (.*?)[ \t]*\r?$", re.MULTILINE)
-_EVALUATION = re.compile(r"^Evaluation Score: (.*?)[ \t]*\r?$", re.MULTILINE)
+# Each pattern takes the whole rest of its line, which costs linear time in any text (the agent prints these lines
+# too: lazy groups followed by optional whitespace backtracked quadratically on a long line); ``_trim`` then drops
+# what MLGym's patterns leave out of the value (a trailing "\r", trailing spaces and tabs, the artefact's full stop).
+_SUBMISSION = re.compile(rf"^{re.escape(VALIDATION_PREFIX)}(.*)$", re.MULTILINE)
+_BASELINE = re.compile(r"^Baseline Score: (.*)$", re.MULTILINE)
+_EVALUATION = re.compile(r"^Evaluation Score: (.*)$", re.MULTILINE)
 # numpy scalar reprs (numpy >= 2 prints ``np.float64(2.5)``) and non-finite floats, which literal_eval rejects.
-_NUMPY_SCALAR = re.compile(r"\b(?:np|numpy)\.\w+\(\s*([^()]*?)\s*\)")
+# The argument is stripped in code: ``\s*`` around a lazy group backtracked cubically on a long run of spaces.
+_NUMPY_SCALAR = re.compile(r"\b(?:np|numpy)\.\w+\(([^()]*)\)")
 _NON_FINITE = re.compile(r"(?<![\w'\".])(-?(?:inf|nan))(?![\w'\"])")
 
 
@@ -40,11 +46,11 @@ def parse_metrics(text: str) -> dict[str, float]:
     Accepts numpy scalar reprs and ``nan``/``inf``; raises ``ScoreError`` on anything that is not a flat dict of
     numbers.
     """
-    cleaned = _NUMPY_SCALAR.sub(r"\1", text.strip())
+    cleaned = _NUMPY_SCALAR.sub(lambda match: match.group(1).strip(), text.strip())
     cleaned = _NON_FINITE.sub(r"'\1'", cleaned)
     try:
         value = ast.literal_eval(cleaned)
-    except (ValueError, SyntaxError) as exc:
+    except (ValueError, SyntaxError, RecursionError, MemoryError) as exc:  # the text may be anything an agent printed
         raise ScoreError(f"cannot read a metric dict from {text!r}: {exc}") from None
     if not isinstance(value, dict):
         raise ScoreError(f"expected a metric dict like {{'Score': 1.0}}, got {text!r}")
@@ -54,7 +60,7 @@ def parse_metrics(text: str) -> dict[str, float]:
             number = float(number)
         try:
             metrics[str(key)] = float(number)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ScoreError(f"metric {key!r} in {text!r} is not a number") from None
     return metrics
 
@@ -74,21 +80,36 @@ def parse_validation(observation: str | None) -> dict[str, Any]:
         return {}
     evaluation = evaluations[-1]
     baseline = _last_before(_BASELINE, observation, evaluation.start())
-    submission = _last_before(_SUBMISSION, observation, evaluation.start())
-    baseline_text = baseline.group(1) if baseline is not None else NO_BASELINE
+    submission = _last_before(_SUBMISSION, observation, evaluation.start(), full_stop=True)
+    baseline_text = baseline if baseline is not None else NO_BASELINE
     try:
         return {
-            "submission": submission.group(1) if submission is not None else None,
+            "submission": submission,
             "baseline": None if baseline_text.startswith("NA") else parse_metrics(baseline_text),
-            "evaluation": parse_metrics(evaluation.group(1)),
+            "evaluation": parse_metrics(_trim(evaluation.group(1))),
         }
     except ScoreError:
         return {}  # not MLGym's message: it always prints metric dicts
 
 
-def _last_before(pattern: re.Pattern[str], text: str, end: int) -> re.Match[str] | None:
-    matches = list(pattern.finditer(text, 0, end))
-    return matches[-1] if matches else None
+def _trim(value: str) -> str:
+    """A line's value as MLGym's patterns capture it: without one trailing "\\r", then trailing spaces and tabs."""
+    if value.endswith("\r"):
+        value = value[:-1]
+    return value.rstrip(" \t")
+
+
+def _last_before(pattern: re.Pattern[str], text: str, end: int, *, full_stop: bool = False) -> str | None:
+    """The trimmed value of the last line ``pattern`` matches before ``end``; with ``full_stop`` only lines whose
+    value ends with "." count, and the value is returned without it."""
+    found = None
+    for match in pattern.finditer(text, 0, end):
+        value = _trim(match.group(1))
+        if not full_stop:
+            found = value
+        elif value.endswith("."):
+            found = value[:-1]
+    return found
 
 
 def is_scored_submission(info: Mapping[str, Any] | None) -> bool:
@@ -183,31 +204,171 @@ def score_from_validation(observation: str | None, spec: Any = None) -> float | 
     return metric_delta(parsed["evaluation"], baseline, spec)
 
 
+DEFAULT_FAILURE_REWARD = -1.0
+"""The least a failure costs on a task that declares neither ``worst_score`` nor ``failure_reward``."""
+
+FORMAT_EXIT = "autosubmission (exit_format)"
+"""MLGym's ``exit_status`` when the episode ended on repeated format errors (the backend autosubmitted)."""
+
+FAILED_EVALUATIONS = (INVALID_SUBMISSION, AGENT_ERROR)
+"""Evaluation statuses that are the agent's failure (paid as the task's floor)."""
+
+
+def failure_reward(spec: Any = None) -> float:
+    """What a failed evaluation, or an episode that ends without a scored submission, pays.
+
+    The spec's ``failure_reward`` when set; else its ``worst_score`` measured against the baseline like any score;
+    else minus the baseline's size on the priority metric, at least 1 (a task whose metric is in the thousands gets
+    a floor in the thousands: a score twice as far from perfect as the baseline, for a minimised metric). Never above
+    0: failing never pays more than matching the baseline.
+    """
+    explicit = _field(spec, "failure_reward")
+    if explicit is not None:
+        return min(float(explicit), 0.0)
+    worst = _field(spec, "worst_score") or {}
+    if worst:
+        try:
+            delta = metric_delta({k: float(v) for k, v in dict(worst).items()}, spec_baseline(spec), spec)
+        except (ScoreError, TypeError, ValueError):
+            delta = None
+        if delta is not None and math.isfinite(delta):
+            return min(delta, 0.0)
+    baseline = spec_baseline(spec) or {}
+    try:
+        size = abs(float(baseline[priority_metric(baseline, spec)])) if baseline else 0.0
+    except (ScoreError, KeyError, TypeError, ValueError):
+        size = 0.0
+    return -max(-DEFAULT_FAILURE_REWARD, size) if math.isfinite(size) else DEFAULT_FAILURE_REWARD
+
+
+def honest_reward(metrics: Mapping[str, float], spec: Any = None, baseline: Mapping[str, float] | None = None) -> float:
+    """A scored evaluation's reward: score minus baseline (``baseline``, else the spec's) on the priority metric,
+    never below ``failure_reward`` (a score worse than the task's worst honest value is paid as that value; a
+    non-finite one as a failure)."""
+    floor = failure_reward(spec)
+    delta = metric_delta(metrics, baseline if baseline is not None else spec_baseline(spec), spec)
+    return max(delta, floor) if math.isfinite(delta) else floor
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a step means for the reward, read from the ``info`` the backend returned.
+
+    ``kind`` is ``none`` (nothing was evaluated and the episode goes on), ``scored`` (the evaluator scored a
+    submission: ``metrics``, and ``earlier``, the scores of the episode before it), ``failed`` (an evaluation was the
+    agent's failure, or the episode ended without a scored submission, or on repeated format errors when the task
+    does not score that autosubmission: ``earlier`` holds the episode's scores so far) or ``infra`` (the evaluation
+    failed for a reason that is not the agent's: never paid).
+    """
+
+    kind: str
+    metrics: dict[str, float] | None = None
+    earlier: tuple[dict[str, float], ...] = ()
+    baseline: dict[str, float] | None = None
+    """The baseline to score against, when the text is all there is (the printed one); None: the spec's."""
+
+
+def step_outcome(observation: str | None, info: Mapping[str, Any] | None, spec: Any = None) -> StepOutcome:
+    """The ``StepOutcome`` of one step.
+
+    The backend's ``info["evaluation_status"]`` says whether this step ran an evaluation and how it ended (the env
+    fills it in for backends that do not), so a validation the agent merely printed again (``echo``) is no
+    evaluation. Without that key, a validation counts when the text shows the evaluator's latest metrics
+    (``validation_reward``'s rule) and a final submission when ``info`` holds its score.
+    """
+    if not isinstance(info, Mapping) or "score" not in info:
+        # a caller with only the text (no evaluator results to check it against) is trusted, as in MLGym
+        parsed = parse_validation(observation)
+        if not parsed:
+            return StepOutcome("none")
+        return StepOutcome("scored", parsed["evaluation"], baseline=parsed["baseline"])
+    scores = list(info.get("score") or [])
+    status = info.get(EVALUATION_STATUS_KEY)
+    ended = bool(info.get("exit_status"))
+    if status == INFRA_ERROR:
+        return StepOutcome("infra")
+    if status in FAILED_EVALUATIONS:
+        return StepOutcome("failed", earlier=_readable(scores))
+    if status == EVALUATION_OK or (status is None and _shows_new_score(observation, info, spec)):
+        earlier = _readable(scores[:-1])
+        if info.get("exit_status") == FORMAT_EXIT and not _field(spec, "score_format_exit"):
+            return StepOutcome("failed", earlier=earlier)
+        try:
+            metrics = score_entry_metrics(scores[-1])
+        except (IndexError, TypeError, ValueError):
+            return StepOutcome("infra")  # the backend said "scored" but kept no readable score
+        return StepOutcome("scored", metrics, earlier)
+    if ended:
+        return StepOutcome("failed", earlier=_readable(scores))
+    return StepOutcome("none")
+
+
+def _shows_new_score(observation: str | None, info: Mapping[str, Any], spec: Any) -> bool:
+    """For a backend that gives no evaluation status: a validation showing the latest score, or a scored submission."""
+    return validation_reward(observation, info, spec) is not None or is_scored_submission(info)
+
+
+def _readable(scores: list[Any]) -> tuple[dict[str, float], ...]:
+    readable = []
+    for entry in scores:
+        try:
+            readable.append(score_entry_metrics(entry))
+        except (TypeError, ValueError):
+            continue
+    return tuple(readable)
+
+
 class ScoreDeltaReward:
-    """Score minus baseline, read from a ``validate`` observation or from the final submission's ``info["score"]``.
+    """Score minus baseline at every evaluation: each validate, and the final (auto)submission (``mlgym_score_delta``,
+    the reference chain's ``MLGymRewardAssignment`` behaviour).
 
-    Each step is scored on its own: a validate step gets its validation's delta, the step that (auto)submits gets the
-    submission's delta, and every other step gets 0. Higher is better unless the task's ``extra`` says
-    ``metric_direction: min``; ``extra["priority_metric"]`` names the metric when the dicts hold several (for
-    MLGym's own tasks both default to MLGym's ranking, e.g. 3-SAT's ``Time``, minimised). A
-    non-finite score (an evaluator that printed ``nan``) gives 0.
+    It pays **every** validate, so an episode's rewards grow with the number of validates, not only with the
+    improvement: use ``mlgym_best_improvement`` to train. Numbers come from ``info["score"]`` (the evaluator's own
+    results), never from text the agent can print; a step counts only when the backend ran an evaluation on it
+    (``info["evaluation_status"]``). Higher is better unless the task's ``extra`` says ``metric_direction: min``;
+    ``extra["priority_metric"]`` names the metric when the dicts hold several (for MLGym's own tasks both default to
+    MLGym's ranking, e.g. 3-SAT's ``Time``, minimised).
 
-    Validation text can be forged by the agent (``echo`` the message, with any baseline and score), so when ``info``
-    carries a ``score`` list the numbers never come from the text: a validation counts only when the metrics it shows
-    are those of the evaluator's latest run (``info["score"][-1]``, which the backend appends to after every real
-    evaluation), and it is compared with the spec's baseline, not the printed one. Echoing the latest real validation
-    again pays what running ``validate`` again would. Without a ``score`` key (a caller that has only the text) the
-    text is trusted.
+    Failures never pay more than honest play: a failed evaluation (``invalid_submission``, ``agent_error``), an
+    episode that ends without a scored submission (skip, forfeit, a failed submit) and, unless the task sets
+    ``score_format_exit``, the autosubmission after repeated format errors pay ``failure_reward(spec)``; scores
+    below the task's ``worst_score`` (or non-finite) are paid as that floor. An ``infra_error`` pays 0 (the env flags
+    the step so a trainer can leave it out).
     """
 
     def __call__(self, observation: str | None, info: Mapping[str, Any] | None, spec: Any = None) -> float:
         """The reward of one step."""
-        reward = validation_reward(observation, info, spec)
-        if reward is None:
-            reward = score_from_info(info, spec)
-        if reward is None or not math.isfinite(reward):
-            return 0.0
-        return reward
+        outcome = step_outcome(observation, info, spec)
+        if outcome.kind == "scored":
+            return honest_reward(outcome.metrics or {}, spec, outcome.baseline)
+        if outcome.kind == "failed":
+            return failure_reward(spec)
+        return 0.0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class BestImprovementReward:
+    """Pays only improvements of the episode's best score (``mlgym_best_improvement``): the first scored evaluation
+    pays its score minus baseline, each later one pays how much it raised the best score so far (0 when it did not).
+
+    An episode's rewards therefore add up to its best score minus the baseline (lower when it also failed), however
+    often it validates: validating is never worth more than improving. Scores are read and clipped as in
+    ``ScoreDeltaReward``. Failures pay ``failure_reward(spec)`` while the episode has no score yet, and 0 after one
+    (they cannot lower the best score); an ``infra_error`` pays 0.
+    """
+
+    def __call__(self, observation: str | None, info: Mapping[str, Any] | None, spec: Any = None) -> float:
+        """The reward of one step."""
+        outcome = step_outcome(observation, info, spec)
+        best = max((honest_reward(m, spec) for m in outcome.earlier), default=None)
+        if outcome.kind == "scored":
+            value = honest_reward(outcome.metrics or {}, spec, outcome.baseline)
+            return value if best is None else max(0.0, value - best)
+        if outcome.kind == "failed":
+            return failure_reward(spec) if best is None else 0.0
+        return 0.0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

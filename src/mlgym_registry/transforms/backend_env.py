@@ -13,10 +13,24 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Categorical, Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase
 
-from ..backends.protocol import Backend, ToolSet, new_info
+from .. import seeding
+from ..backends.protocol import (
+    EVALUATION_STATUS_KEY,
+    EVALUATIONS_KEY,
+    INFRA_ERROR,
+    Backend,
+    ToolSet,
+    infer_evaluation_status,
+    new_info,
+)
 from ..chain import MAX_FORMAT_ERRORS
 from ..specs import ResolvedTask
 from .layout import Layout, set_spec
+
+INFRA_ERROR_KEY = "infra_error"
+"""The tensordict flag (shape ``(1,)``, beside ``done``) set on a step whose evaluation failed for a reason that is
+not the agent's: its reward is 0 and is no outcome of the agent's; mask it out of training. ``evaluation_status``
+beside it says how the step's evaluation ended (``""`` when it evaluated nothing)."""
 
 MAX_STEPS_EXIT = "autosubmission (max_steps)"
 """MLGym's ``exit_status`` when the episode ran out of steps."""
@@ -90,7 +104,14 @@ class BackendEnv(EnvBase):
         """Turns of the current episode so far, format errors included."""
         self.stop_reason: str | None = None
         """Why the env (not the backend) ended the episode: ``"max_turns"``, else None."""
+        self.evaluations: list[str] = []
+        """The status of each evaluation of the current episode (``backends.protocol.EVALUATION_STATUSES``)."""
+        self._scores_seen = 0
         self._seed: int | None = None
+        self._stream: tuple[int, int] | None = None
+        """``(seed, episode)``: the episode the last reset played of the stream ``set_seed(seed)`` started."""
+        self._backend_in_stream = False
+        """Whether the current backend was reset within ``_stream`` (a backend swapped in mid-stream was not)."""
         self._backend_holder: list = []
         self._finalizer = weakref.finalize(self, _close_quietly, self._backend_holder)
         self._make_specs()
@@ -104,6 +125,8 @@ class BackendEnv(EnvBase):
         self.full_action_spec = action_spec
         observation_spec = Composite(shape=(), device=device)
         set_spec(observation_spec, self.layout.observation, text.clone())
+        observation_spec[EVALUATION_STATUS_KEY] = NonTensor(example_data="ok", shape=(), device=device)
+        observation_spec[INFRA_ERROR_KEY] = Categorical(2, shape=(1,), dtype=torch.bool, device=device)
         self.full_observation_spec = observation_spec
         self.full_reward_spec = Composite(
             {self.layout.reward: Unbounded(shape=self.layout.reward_shape, dtype=torch.float32, device=device)},
@@ -153,6 +176,7 @@ class BackendEnv(EnvBase):
             raise KeyError(f"task {name!r} is not one of this env's tasks: {', '.join(self.tasks)}")
         if name != self.task_name:
             _close_quietly(self._backend_holder)
+            self._backend_in_stream = False
             self.task_name = name
             self.tools = None
 
@@ -160,14 +184,27 @@ class BackendEnv(EnvBase):
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         if tensordict is not None and self.layout.task in tensordict.keys(include_nested=True):
             self.switch_task(str(tensordict[self.layout.task]))
+        # Gymnasium's seeding: set_seed(s) starts a stream, later resets continue it (the backend counts the episodes);
+        # a backend swapped in mid-stream starts from a seed derived from the stream's seed and episode
         seed, self._seed = self._seed, None
+        if seed is not None:
+            self._stream = (seed, 0)
+        elif self._stream is not None:
+            self._stream = (self._stream[0], self._stream[1] + 1)
+            if not self._backend_in_stream:
+                seed = seeding.stream_seed(*self._stream)
         self.backend.reset(seed=seed)
+        self._backend_in_stream = self._stream is not None
         self.last_info = None
         self.format_errors = 0
         self.turns = 0
         self.stop_reason = None
+        self.evaluations = []
+        self._scores_seen = 0
         out = TensorDict(batch_size=(), device=self.device)
         out.set(self.layout.observation, "")
+        out.set(EVALUATION_STATUS_KEY, "")
+        out.set(INFRA_ERROR_KEY, torch.tensor([False], device=self.device))
         return out
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -183,6 +220,10 @@ class BackendEnv(EnvBase):
             observation, reward, done, info = self.backend.step(str(action))
             self.last_info = dict(info) if info is not None else new_info()
             observation = "" if observation is None else str(observation)
+            self._record_evaluation(observation, self.last_info)
+        status = (self.last_info or {}).get(EVALUATION_STATUS_KEY, "")
+        out.set(EVALUATION_STATUS_KEY, status)
+        out.set(INFRA_ERROR_KEY, torch.tensor([status == INFRA_ERROR], device=self.device))
         out.set(self.layout.observation, observation)
         out.set(self.layout.reward, torch.full(self.layout.reward_shape, float(reward or 0.0), device=self.device))
         # running out of steps (MLGym autosubmits) is a truncation; any other end (submit, exit_*) terminates
@@ -195,6 +236,16 @@ class BackendEnv(EnvBase):
         out.set("terminated", torch.tensor([bool(done) and not truncated], device=self.device))
         out.set("truncated", torch.tensor([truncated], device=self.device))
         return out
+
+    def _record_evaluation(self, observation: str, info: dict[str, Any]) -> None:
+        """Give ``info`` this step's evaluation status (inferred when the backend does not say) and the statuses of
+        the episode's evaluations so far."""
+        if not info.get(EVALUATION_STATUS_KEY):
+            info[EVALUATION_STATUS_KEY] = infer_evaluation_status(observation, info, self._scores_seen)
+        self._scores_seen = len(info.get("score") or [])
+        if info[EVALUATION_STATUS_KEY]:
+            self.evaluations.append(info[EVALUATION_STATUS_KEY])
+        info[EVALUATIONS_KEY] = list(self.evaluations)
 
     def _set_seed(self, seed: int | None) -> None:
         from ..validation import check_option

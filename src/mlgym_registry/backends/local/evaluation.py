@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import shutil
-import stat
 import subprocess
 import tempfile
 import time
@@ -24,30 +24,80 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import procs
+from ..protocol import AGENT_ERROR, INFRA_ERROR, INVALID_SUBMISSION
+from . import procs, trees
 from .output import CappedBuffer, normalise
 
 SUPPORTED = ("PythonSubmissionTasks", "CSVSubmissionTasks", "ModelSubmissionTasks")
 
 
-class SubmissionNotFoundError(Exception):
+class EvaluationFailure(Exception):
+    """An evaluation that produced no score; ``status`` says whose failure it was (``protocol.EVALUATION_STATUSES``)."""
+
+    status = INVALID_SUBMISSION
+
+
+class SubmissionNotFoundError(EvaluationFailure):
     """The task's submission artefact is not in the workspace."""
 
 
-class EvaluationFormatError(Exception):
+class EvaluationFormatError(EvaluationFailure):
     """The evaluator's output holds no metrics JSON; ``args[0]`` is MLGym's observation text for it."""
 
+    def __init__(self, text: str, status: str = INVALID_SUBMISSION):
+        super().__init__(text)
+        self.status = status
 
-class EvaluationUnsupported(Exception):
+
+class EvaluationUnsupported(EvaluationFailure):
     """This backend cannot evaluate the task's kind of submission."""
 
+    status = INFRA_ERROR
 
-def format_error(output: str) -> EvaluationFormatError:
+
+class EvaluationTimeout(EvaluationFailure, TimeoutError):
+    """The evaluation ran out of time (its processes were killed)."""
+
+    def __init__(self, text: str, status: str = AGENT_ERROR):
+        super().__init__(text)
+        self.status = status
+
+
+class InvalidMetrics(EvaluationFailure):
+    """The evaluator printed metrics that are not finite numbers (``metrics``): nothing can be scored."""
+
+    def __init__(self, metrics: Any):
+        super().__init__(
+            f"The evaluation produced metrics that are not finite numbers: {metrics}. A score must be a finite "
+            "number, so this submission is invalid."
+        )
+        self.metrics = metrics
+
+
+class WorkspaceTooLarge(EvaluationFailure):
+    """The workspace is over the bounds of the copy an evaluation makes of it (bytes of data, files, folder depth):
+    the submission cannot be evaluated, and the message tells the agent what to do."""
+
+    status = INVALID_SUBMISSION
+
+
+def format_error(output: str, status: str = INVALID_SUBMISSION) -> EvaluationFormatError:
     """MLGym's evaluation-format error (its text is an observation agents see)."""
     return EvaluationFormatError(
         f"Failed to decode metrics from evaluation script. Output:\n---\n{output}\n---\n"
-        "Please make sure the evaluation script prints the metrics in json format."
+        "Please make sure the evaluation script prints the metrics in json format.",
+        status,
     )
+
+
+def non_finite(metrics: Any) -> bool:
+    """True when a metric dict holds a number that is NaN or infinite (a broken submission, never a score)."""
+    if not isinstance(metrics, dict):
+        return False
+    for value in metrics.values():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
+            return True
+    return False
 
 
 Wrap = Callable[[list[str], Path], list[str]]
@@ -77,7 +127,17 @@ class Evaluator:
     secrets: frozenset[str] = frozenset()  # keys of ``pristine`` the agent must never see
     preexec: Callable[[], None] | None = None
     max_output_bytes: int = 400_000
-    extra_env: dict[str, str] = field(default_factory=dict)
+    max_snapshot_bytes: int | None = None  # file data the copy of the workspace may hold (None: unbounded)
+    max_snapshot_files: int | None = trees.DEFAULT_MAX_FILES  # files, folders and links it may hold
+    _deadline: float | None = field(default=None, init=False, repr=False)  # when the running evaluation times out
+    extra_env: dict[str, str] = field(default_factory=dict)  # for the evaluator's process only (its seed)
+    agent_seed: int | None = None  # seeds ``random`` and numpy where the agent's code runs
+    limit_events: Callable[[], int] | None = None
+    """Counts the env's memory and process-limit events so far: one during the evaluation makes a failure the
+    agent's (its processes used up what the evaluator needed), never the infrastructure's."""
+    agent_modules: frozenset[str] = frozenset()
+    """Top-level module names the task gives the agent (its starter code): a failed import of one of them is the
+    agent's doing (it removed the module), of any other name a missing package."""
 
     @property
     def shown_workspace(self) -> str:
@@ -85,10 +145,36 @@ class Evaluator:
         return self.workspace_path or str(self.workspace)
 
     def evaluate(self, freeze: Callable[[], AbstractContextManager[None]] | None = None) -> tuple[Any, str]:
-        """``(metrics, submission_path)``, or one of this module's exceptions (or ``TimeoutError``).
+        """``(metrics, submission_path)``, or an ``EvaluationFailure`` whose ``status`` says whose failure it was.
 
         ``freeze`` keeps the agent's processes still while the workspace is copied.
         """
+        events = self.limit_events() if self.limit_events is not None else 0
+        try:
+            metrics, submission = self._evaluate(freeze)
+        except EvaluationFailure as exc:
+            if exc.status == INFRA_ERROR and self._limits_hit(events):
+                exc.status = AGENT_ERROR
+            raise
+        except TimeoutError as exc:
+            raise EvaluationTimeout(str(exc), self._agent_failure()) from None
+        except Exception as exc:  # noqa: BLE001 - an unexpected failure of ours, unless the agent's processes caused it
+            failure = EvaluationFailure(f"{type(exc).__name__}: {exc}")
+            failure.status = AGENT_ERROR if self._limits_hit(events) else INFRA_ERROR
+            raise failure from exc
+        if non_finite(metrics):
+            raise InvalidMetrics(metrics)
+        return metrics, submission
+
+    def _limits_hit(self, before: int) -> bool:
+        return self.limit_events is not None and self.limit_events() != before
+
+    def _agent_failure(self) -> str:
+        """The status of a failure of the evaluation script: the agent's code's when it ran agent code (python and
+        model tasks), an invalid submission when it only read the agent's file."""
+        return INVALID_SUBMISSION if self.entrypoint == "CSVSubmissionTasks" else AGENT_ERROR
+
+    def _evaluate(self, freeze: Callable[[], AbstractContextManager[None]] | None) -> tuple[Any, str]:
         if self.entrypoint not in SUPPORTED:
             raise EvaluationUnsupported(
                 f"the local backend cannot evaluate {self.entrypoint} tasks (it supports "
@@ -98,8 +184,10 @@ class Evaluator:
         scratch = Path(tempfile.mkdtemp(prefix="eval-", dir=self.scratch_root))
         try:
             agent_view, eval_view = scratch / "agent", scratch / "eval"
+            self._deadline = time.monotonic() + self.timeout  # the time limit covers copying the workspace too
             with freeze() if freeze is not None else contextlib.nullcontext():
-                _snapshot(self.workspace, agent_view, skip=set(self.pristine))
+                _snapshot(self.workspace, agent_view, skip=set(self.pristine), budget=trees.CopyBudget(
+                    self.max_snapshot_bytes, self.max_snapshot_files, self._deadline))
             for relative, source in self.pristine.items():
                 if relative not in self.secrets:
                     _restore(source, agent_view / relative)
@@ -115,10 +203,10 @@ class Evaluator:
                 argv += ["--submission_file", str(relative_submission)]
             elif self.entrypoint == "ModelSubmissionTasks":
                 argv += ["--config_fname", str(relative_submission)]
-            output = self._run(argv, agent_view, eval_view)
+            output, ended = self._run(argv, agent_view, eval_view)
         finally:
             _force_rmtree(scratch)
-        return self._parse(output), submission
+        return self._parse(output, ended), submission
 
     def _find_submission(self) -> str:
         shown = self.shown_workspace
@@ -135,18 +223,34 @@ class Evaluator:
                     return str(Path(shown) / Path(folder, name).relative_to(self.workspace))
         raise SubmissionNotFoundError("no *.yaml configuration in the workspace")
 
-    def _parse(self, output: str) -> Any:
+    def _parse(self, output: str, ended: dict | None) -> Any:
+        """The metrics the evaluator printed; without them, a format error whose status comes from how the
+        evaluation script ended (``ended``: the harness's report, None when it never reported)."""
         if self.entrypoint == "ModelSubmissionTasks":
             line = next((ln for ln in output.split("\n") if ln.strip().startswith("{")), None)
             if line is None:
-                raise format_error(output)
+                raise format_error(output, self._failure_status(ended))
             text = line
         else:
             text = output
         try:
             return json.loads(text)
-        except json.JSONDecodeError:
-            raise format_error(output) from None
+        except (json.JSONDecodeError, RecursionError):
+            raise format_error(output, self._failure_status(ended)) from None
+
+    def _failure_status(self, ended: dict | None) -> str:
+        """Whose failure an evaluation that printed no metrics was."""
+        if self.entrypoint == "ModelSubmissionTasks":
+            return AGENT_ERROR  # the agent's code ran in the evaluator's own process: nothing it reports is trusted
+        how = (ended or {}).get("status")
+        if how is None:
+            return INFRA_ERROR  # the harness never reported: the sandbox or the harness failed to run
+        if how == "finished":
+            # the pristine script exited cleanly without metrics: for a file it reads, that file is to blame
+            return INVALID_SUBMISSION if self.entrypoint == "CSVSubmissionTasks" else INFRA_ERROR
+        if how == "missing_module" and str(ended.get("name", "")) not in self.agent_modules:  # type: ignore[union-attr]
+            return INFRA_ERROR
+        return self._agent_failure()
 
     def _trusted_modules(self) -> list[str]:
         """The top-level modules the pristine files define (``x.py``, or ``pkg/`` for a package): the evaluator
@@ -160,8 +264,9 @@ class Evaluator:
                 paths.add(first + "/")
         return sorted(paths)
 
-    def _run(self, argv: list[str], agent_view: Path, eval_view: Path) -> str:
-        """Run the evaluator (and, for tasks that import the agent's code, that code's process); its output."""
+    def _run(self, argv: list[str], agent_view: Path, eval_view: Path) -> tuple[str, dict | None]:
+        """Run the evaluator (and, for tasks that import the agent's code, that code's process); its output and how
+        the evaluation script ended as the harness reported it (None when it did not)."""
         wrap = self.wrap or (lambda command, _view: command)
         sandboxed = self.workspace_path is not None  # each view is then shown at the agent's workspace path
 
@@ -169,7 +274,9 @@ class Evaluator:
             return self.workspace_path if sandboxed else str(view)  # type: ignore[return-value]
 
         harness = harness_path(sandboxed=sandboxed)
-        env = {**self.env, **self.extra_env, "PYTHONDONTWRITEBYTECODE": "1"}
+        agent_env = {**self.env, "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**agent_env, **self.extra_env}  # the evaluator's own: what it holds never reaches the agent's code
+        seed_option = ["--seed", str(self.agent_seed)] if self.agent_seed is not None else []
         isolate = self.entrypoint != "ModelSubmissionTasks"  # model tasks load the agent's network code in-process
         runner = None
         fds: tuple[int, ...] = ()
@@ -177,25 +284,35 @@ class Evaluator:
             request_read, request_write = os.pipe()
             answer_read, answer_write = os.pipe()
             runner = subprocess.Popen(
-                wrap([self.python, "-I", harness, "serve", "--workspace", inside(agent_view)], agent_view),
-                stdin=request_read, stdout=answer_write, stderr=subprocess.DEVNULL, cwd=str(agent_view), env=env,
+                wrap([self.python, "-I", harness, "serve", "--workspace", inside(agent_view), *seed_option],
+                     agent_view),
+                stdin=request_read, stdout=answer_write, stderr=subprocess.DEVNULL, cwd=str(agent_view), env=agent_env,
                 start_new_session=True, preexec_fn=self.preexec,
             )
             os.close(request_read)
             os.close(answer_write)
             fds = (request_write, answer_read)
+        # how the script ended comes back on a pipe of its own (the agent's code, in the other process, cannot
+        # reach it); model tasks run the agent's code in the evaluator's process, so they get none
+        status_read, status_write = os.pipe() if isolate else (None, None)
+        status_option = ["--status-fd", str(status_write)] if status_write is not None else []
         command = [self.python, "-I", harness, "evaluate", "--workspace", inside(eval_view),
                    "--trusted", ",".join(self._trusted_modules()) or ",",
-                   "--fds", ",".join(map(str, fds)) or ",", "--",
+                   "--fds", ",".join(map(str, fds)) or ",", *status_option, "--",
                    f"{inside(eval_view)}/{argv[0]}", *argv[1:]]
+        passed = fds + ((status_write,) if status_write is not None else ())
         try:
             proc = subprocess.Popen(
                 wrap(command, eval_view), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, cwd=str(eval_view), env=env, start_new_session=True,
-                preexec_fn=self.preexec, pass_fds=fds,
+                preexec_fn=self.preexec, pass_fds=passed,
             )
+        except BaseException:
+            if status_read is not None:
+                os.close(status_read)
+            raise
         finally:
-            for fd in fds:
+            for fd in passed:
                 os.close(fd)
         try:
             output = self._collect(proc)
@@ -203,14 +320,15 @@ class Evaluator:
             for process in (proc, runner):
                 if process is not None:
                     _end(process)
+            ended = _read_status(status_read) if status_read is not None else None
         if not sandboxed:
             output = output.replace(str(eval_view), self.shown_workspace)
-        return output
+        return output, ended
 
     def _collect(self, proc: subprocess.Popen) -> str:
         buffer = CappedBuffer(self.max_output_bytes)
         fd = proc.stdout.fileno()  # type: ignore[union-attr]
-        deadline = time.monotonic() + self.timeout
+        deadline = self._deadline if self._deadline is not None else time.monotonic() + self.timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -221,8 +339,27 @@ class Evaluator:
                 if not data:
                     break
                 buffer.add(data)
-        proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:  # it closed its output but kept running
+            raise TimeoutError(f"the evaluation did not finish within {_seconds(self.timeout)} seconds") from None
         return normalise(buffer.contents())
+
+
+def _read_status(fd: int) -> dict | None:
+    """The harness's one-line report from the status pipe (its writer is closed: the process has ended)."""
+    try:
+        os.set_blocking(fd, False)
+        data = os.read(fd, 4096)
+    except OSError:
+        data = b""
+    finally:
+        os.close(fd)
+    try:
+        report = json.loads(data.split(b"\n", 1)[0] or b"null")
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
 
 
 def harness_path(*, sandboxed: bool) -> str:
@@ -247,81 +384,24 @@ def _end(proc: subprocess.Popen) -> None:
         pass
 
 
-def _snapshot(source: Path, target: Path, skip: set[str]) -> None:
+def _snapshot(source: Path, target: Path, skip: set[str], budget: trees.CopyBudget | None = None) -> None:
     """Copy the workspace into ``target``, leaving out ``skip`` paths, without ever following a link of the agent's.
 
-    The copy runs as the driver's user (often root) over a folder the agent controls, so every name is opened
-    relative to its folder's descriptor with ``O_NOFOLLOW``: a file or folder swapped for a link between listing and
-    opening fails to open and is left out, instead of making the copy read a file of the host. Links are kept as
-    links, then resolved inside the copy (``_resolve_links``), which the agent cannot touch.
+    The copy runs as the driver's user (often root) over a folder the agent controls: see ``trees.copy_tree`` (names
+    opened relative to their folder with ``O_NOFOLLOW``, links resolved only inside the copy, holes kept as holes).
+    It is bounded by ``budget``: over its bytes, files or depth the submission cannot be evaluated
+    (``WorkspaceTooLarge``), past its deadline the evaluation has run out of time (``TimeoutError``).
     """
-    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    budget = budget if budget is not None else trees.CopyBudget()
     try:
-        _copy_folder(fd, target, "", skip)
-    finally:
-        os.close(fd)
-    _resolve_links(target)
-
-
-_NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-
-def _copy_folder(folder_fd: int, target: Path, prefix: str, skip: set[str]) -> None:
-    target.mkdir()
-    for name in os.listdir(folder_fd):
-        if prefix + name in skip:
-            continue
-        try:
-            info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-            if stat.S_ISLNK(info.st_mode):
-                os.symlink(os.readlink(name, dir_fd=folder_fd), target / name)
-            elif stat.S_ISDIR(info.st_mode):
-                fd = os.open(name, _NO_FOLLOW | os.O_DIRECTORY, dir_fd=folder_fd)
-                try:
-                    _copy_folder(fd, target / name, f"{prefix}{name}/", skip)
-                finally:
-                    os.close(fd)
-            elif stat.S_ISREG(info.st_mode):
-                _copy_file(folder_fd, name, target / name)
-        except OSError:
-            continue  # gone, swapped for a link, or not a plain file or folder: not part of the snapshot
-
-
-def _copy_file(folder_fd: int, name: str, target: Path) -> None:
-    fd = os.open(name, _NO_FOLLOW, dir_fd=folder_fd)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return  # a fifo or device swapped in: reading it could block or mean anything
-        os.set_blocking(fd, True)
-        with open(fd, "rb", closefd=False) as reader, open(target, "wb") as writer:
-            shutil.copyfileobj(reader, writer, 1 << 20)
-        os.chmod(target, stat.S_IMODE(info.st_mode))
-        os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
-    finally:
-        os.close(fd)
-
-
-def _resolve_links(root: Path) -> None:
-    """Replace the copy's symbolic links by copies of what they point to inside the copy, and drop the rest.
-
-    A link is the agent's; resolved in the evaluation's view it could reach a file the agent may not read (a secret
-    answer put back only there) or a file of the host. Only targets inside the copy itself count.
-    """
-    base = root.resolve()
-    for folder, dirs, files in os.walk(root):
-        for name in [*dirs, *files]:
-            link = Path(folder, name)
-            if not link.is_symlink():
-                continue
-            resolved = link.resolve()
-            link.unlink()
-            if not resolved.is_relative_to(base) or not resolved.exists():
-                continue
-            if resolved.is_dir():
-                shutil.copytree(resolved, link, symlinks=True)  # links inside are resolved as the walk reaches them
-            else:
-                shutil.copy2(resolved, link)
+        trees.copy_tree(source, target, skip, budget)
+    except trees.TooLarge as exc:
+        raise WorkspaceTooLarge(
+            f"The workspace is too large to evaluate: {exc}. An evaluation copies the workspace first; delete what "
+            "it does not need (checkpoints, caches, copies of data) and try again."
+        ) from None
+    except trees.CopyTimeout:
+        raise TimeoutError("the evaluation ran out of time while copying the workspace") from None
 
 
 def _seconds(value: float) -> str:
@@ -358,20 +438,9 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _force_rmtree(path: Path) -> None:
-    """``rm -rf``, also through folders made read-only."""
-
-    def retry(function: Callable[..., Any], name: str, _exc: Any) -> None:
-        try:
-            os.chmod(os.path.dirname(name), 0o700)
-            if os.path.isdir(name) and not os.path.islink(name):
-                os.chmod(name, 0o700)
-            function(name)
-        except OSError:
-            pass
-
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=retry)  # noqa: B028 (onexc is 3.12+)
+def _force_rmtree(path: Path) -> bool:
+    """``rm -rf``, also through folders made read-only and at any depth (``trees.remove_tree``); True when gone."""
+    return trees.remove_tree(path)
 
 
 force_rmtree = _force_rmtree

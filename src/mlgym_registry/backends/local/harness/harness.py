@@ -95,6 +95,8 @@ class AgentChannel:
     def __init__(self, write_fd: int, read_fd: int):
         self._out = os.fdopen(write_fd, "wb")
         self._in = os.fdopen(read_fd, "rb")
+        self.failed = False
+        """True once any answer was an error: the agent's code failed, even if the script caught it."""
 
     def ask(self, **request):
         """Send one request and return the decoded ``value`` of its answer (or raise ``AgentCodeError``)."""
@@ -110,10 +112,18 @@ class AgentChannel:
             self._out.write(struct.pack("!Q", len(data)) + data)
             self._out.flush()
         except (OSError, ValueError) as exc:
+            self.failed = True
             raise AgentCodeError(f"the process running the agent's code is gone ({exc})") from None
         return self._answer
 
     def _answer(self):
+        try:
+            return self._read_answer()
+        except AgentCodeError:
+            self.failed = True
+            raise
+
+    def _read_answer(self):
         try:
             line = self._in.readline(MAX_LINE)
         except (OSError, ValueError) as exc:
@@ -154,6 +164,7 @@ class AgentFunction:
         def results():
             values = wait()
             if not isinstance(values, list) or len(values) != len(calls):
+                self._channel.failed = True
                 raise AgentCodeError(f"{self.__name__}.map answered with the wrong number of results")
             return values
 
@@ -237,8 +248,12 @@ def _module_name(relative: str) -> str:
     return relative[:-3] if relative.endswith(".py") else relative.rstrip("/")
 
 
-def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str]) -> None:
-    """Run the evaluation script ``argv[0]`` as ``__main__`` with the import rules of ``EvaluationFinder``."""
+def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], status_fd: int | None = None) -> None:
+    """Run the evaluation script ``argv[0]`` as ``__main__`` with the import rules of ``EvaluationFinder``.
+
+    When ``status_fd`` is given, one JSON line is written to it as the script ends, saying how (see ``run_status``):
+    the backend tells the agent's failures from the infrastructure's by it, never by the script's output.
+    """
     channel = None
     if fds.strip(","):
         write_fd, read_fd = (int(x) for x in fds.split(","))
@@ -249,21 +264,57 @@ def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str]) -> N
     sys.pycache_prefix = tempfile.mkdtemp(prefix="pycache-")
     sys.meta_path.insert(0, EvaluationFinder(workspace, trusted, channel, system_path))
     sys.argv = list(argv)
-    runpy.run_path(argv[0], run_name="__main__")
+    status = os.fdopen(status_fd, "w", encoding="utf-8") if status_fd is not None else None
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except BaseException as exc:
+        _report(status, run_status(exc, channel))
+        raise
+    _report(status, {"status": "finished"})
+
+
+def run_status(exc: BaseException, channel: AgentChannel | None) -> dict:
+    """How an evaluation script that raised ``exc`` ended.
+
+    ``finished`` (it exited with status 0), ``agent_code`` (the agent's code raised, died or answered with no value,
+    whatever the script made of it), ``missing_module`` (an import the agent's process was not asked for failed:
+    ``name`` says which; the backend decides whether it was the agent's to provide) or ``failed`` (the script itself
+    raised or exited non-zero: for a task that scores a file, the file was not what it expects).
+    """
+    if isinstance(exc, SystemExit) and exc.code in (0, None):
+        return {"status": "finished"}
+    if isinstance(exc, AgentCodeError) or (channel is not None and channel.failed):
+        return {"status": "agent_code"}
+    if isinstance(exc, ModuleNotFoundError):
+        return {"status": "missing_module", "name": (exc.name or "").partition(".")[0]}
+    return {"status": "failed"}
+
+
+def _report(status, data: dict) -> None:
+    if status is None:
+        return
+    try:
+        status.write(json.dumps(data) + "\n")
+        status.flush()
+    except (OSError, ValueError):
+        pass
 
 
 # -- agent side ---------------------------------------------------------------------------------------------------
-def serve(workspace: str) -> None:
-    """Answer the evaluator's requests about the agent's modules until the pipe closes."""
+def serve(workspace: str, seed: int | None = None) -> None:
+    """Answer the evaluator's requests about the agent's modules until the pipe closes.
+
+    ``seed`` (the episode's agent seed, derived apart from the evaluator's) seeds ``random``, and numpy once the
+    agent's code imported it, so a stochastic strategy is reproducible; this process never learns the evaluator's.
+    """
     requests = os.fdopen(os.dup(0), "rb")
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="surrogatepass")
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)  # what the agent's code prints goes nowhere: only answers cross
     sys.path.insert(0, workspace)
-    seed = os.environ.get("MLGYM_REGISTRY_SEED", "").strip()
-    if seed.lstrip("-").isdigit():
-        random.seed(int(seed))
+    if seed is not None:
+        random.seed(seed)
     while True:
         header = requests.read(8)
         if len(header) < 8:
@@ -273,14 +324,14 @@ def serve(workspace: str) -> None:
         answers.flush()
 
 
-def _answer(request: dict, seed: str) -> dict:
+def _answer(request: dict, seed: int | None) -> dict:
     try:
         op, module_name = request["op"], request["module"]
         if op == "import":
             importlib.import_module(module_name)
             numpy = sys.modules.get("numpy")
-            if numpy is not None and seed.lstrip("-").isdigit():
-                numpy.random.seed(int(seed) % 2**32)
+            if numpy is not None and seed is not None:
+                numpy.random.seed(seed % 2**32)
             return {"value": None}
         module = importlib.import_module(module_name)
         name = request["name"]
@@ -310,10 +361,11 @@ def main(argv: list[str]) -> None:
         options[rest[0].lstrip("-")] = rest[1]
         rest = rest[2:]
     if role == "serve":
-        serve(options["workspace"])
+        serve(options["workspace"], int(options["seed"]) if options.get("seed", "").isdigit() else None)
     else:
         trusted = [n for n in options.get("trusted", "").split(",") if n]
-        evaluate(options["workspace"], trusted, options.get("fds", ""), rest[1:])
+        status_fd = int(options["status-fd"]) if options.get("status-fd", "").isdigit() else None
+        evaluate(options["workspace"], trusted, options.get("fds", ""), rest[1:], status_fd)
 
 
 if __name__ == "__main__":
