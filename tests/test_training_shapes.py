@@ -15,8 +15,9 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModuleBase
 from torchrl.envs.utils import check_env_specs
 
-from mlgym_registry import PolicyOutputError, TaskSpec, registry
+from mlgym_registry import EnvMisuseError, PolicyOutputError, TaskSpec, registry
 from mlgym_registry.tiny_model import tiny_model, tiny_tokenizer
+from mlgym_registry.transforms.layout import LAYOUTS
 from mlgym_registry.validation import InvalidOptionError
 
 SPEC = TaskSpec(id="shapeTask", description="Improve the strategy.", baseline_scores=[{"Score": 1.0}], max_steps=30)
@@ -315,3 +316,61 @@ def test_factories_work_in_spawned_workers_with_torchrl_defaults():
     collector.shutdown()
     assert batches and all(bool(b["next", "done"].all()) for b in batches)
     assert not set(multiprocessing.active_children()) - before
+
+
+# -- closing ---------------------------------------------------------------------------------------------------------
+def sandbox_processes() -> set[int]:
+    """This process's descendants (the local backend's shells and sandboxes among them)."""
+    import psutil
+
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def test_is_closed_is_true_exactly_when_nothing_runs_and_collector_shutdown_releases_the_sandbox():
+    """TorchRL's collectors close an env at shutdown only when it is not closed: the env must not say it is closed
+    while its sandbox runs."""
+    from torchrl.collectors import Collector
+
+    before = sandbox_processes()
+    env = registry.make("prisonersDilemma")
+    assert env.is_closed  # nothing started yet
+    env.reset()
+    assert not env.is_closed and sandbox_processes() - before  # a sandboxed shell runs
+    collector = Collector(env, Submit(), frames_per_batch=1, total_frames=2)
+    batches = list(collector)
+    assert batches and bool(batches[-1]["next", "done"].all())
+    collector.shutdown()
+    assert env.is_closed
+    assert not sandbox_processes() - before  # shutdown closed the env, and the env its sandbox
+
+
+# -- misuse is named ---------------------------------------------------------------------------------------------------
+def test_a_step_after_the_episode_ended_names_reset(made):
+    env = make()
+    td = env.reset()
+    nxt, td = respond(env, td, "DISCUSSION\nDone.\n```\nsubmit\n```")
+    assert nxt["done"].all()
+    td["text", "response"] = COMMAND
+    with pytest.raises(EnvMisuseError, match=r"already ended \(submitted, after 1 turns\).*env.reset\(\)"):
+        env.step(td)
+    td = env.reset()  # and the env goes on after a reset
+    nxt, td = respond(env, td)
+    assert not nxt["done"].any()
+    env.close()
+
+
+@pytest.mark.parametrize("layout", ["default", "seed"])
+def test_stepping_a_stepped_tensordict_names_step_mdp(made, layout):
+    env = make(layout=layout) if layout == "default" else make(layout=layout, batch_size=())
+    keys = LAYOUTS[layout]
+    td = env.reset()
+    td[keys.response] = COMMAND
+    stepped = env.step(td)
+    actions = len(made[-1].actions)
+    with pytest.raises(EnvMisuseError, match=r"already stepped.*env.step_mdp\(td\)"):
+        env.step(stepped)
+    assert len(made[-1].actions) == actions  # refused before the backend ran anything
+    td = env.step_mdp(stepped)  # the right way still works
+    td[keys.response] = COMMAND
+    assert not env.step(td)["next", "done"].any()
+    env.close()

@@ -74,7 +74,7 @@ def build_env(
             (None: one more than ``max_format_errors`` lets the episode take).
     """
     import tensordict
-    from torchrl.envs import Compose, TransformedEnv
+    from torchrl.envs import Compose
 
     from .transforms import (
         ActionIsolator,
@@ -92,6 +92,7 @@ def build_env(
         TaskSampler,
         TokensPrompt,
     )
+    from .transforms.chain_env import ChainEnv
     from .transforms.layout import get_layout
 
     if not resolved:
@@ -139,4 +140,4 @@ def build_env(
         stages.append(GroupKey(keys))
     if tuple(batch_size) != ():
         stages.append(ChatBatch(keys, batch_size))
-    return TransformedEnv(base, Compose(*stages))
+    return ChainEnv(base, Compose(*stages))

@@ -101,6 +101,11 @@ class PolicyOutputError(MLGymRegistryError, ValueError):
     names the key, the mode and the fix."""
 
 
+class EnvMisuseError(MLGymRegistryError, RuntimeError):
+    """The env was driven as TorchRL's own loops never drive it (a step after the episode ended, a tensordict stepped
+    a second time); the message names the fix (``env.reset()``, ``env.step_mdp(td)``)."""
+
+
 class ComponentOutputError(MLGymRegistryError):
     """A component (parser, action isolator, reward assigner, template set) gave the chain something its contract
     does not allow. The message names the kind, the registered name and where it came from, the bad value and the

@@ -106,6 +106,8 @@ class BackendEnv(EnvBase):
         """Why the env (not the backend) ended the episode: ``"max_turns"``, else None."""
         self.evaluations: list[str] = []
         """The status of each evaluation of the current episode (``backends.protocol.EVALUATION_STATUSES``)."""
+        self.ended: str | None = None
+        """How and when the current episode ended (a further step raises ``EnvMisuseError``), or None."""
         self._scores_seen = 0
         self._seed: int | None = None
         self._stream: tuple[int, int] | None = None
@@ -170,6 +172,21 @@ class BackendEnv(EnvBase):
         """True once a backend has been made (and not closed)."""
         return bool(self._backend_holder)
 
+    @property
+    def is_closed(self) -> bool:
+        """True exactly when nothing of the env is running: before the first reset, and after ``close()``.
+
+        TorchRL's collectors and pools call ``close()`` only on an env that is not closed, so this turns False as
+        soon as a backend (a sandbox, a container) exists; ``EnvBase`` sets a flag instead, True from construction,
+        which made ``collector.shutdown()`` leave every sandbox running.
+        """
+        return not self.__dict__.get("_backend_holder")  # read during EnvBase.__init__, before the holder exists
+
+    @is_closed.setter
+    def is_closed(self, value: bool) -> None:
+        """``EnvBase`` and ``TransformedEnv`` write the flag; whether a backend exists decides it, so writes are
+        ignored (``close()`` releases the backend itself)."""
+
     def switch_task(self, name: str) -> None:
         """Run ``name`` from the next reset on, closing the previous task's backend."""
         if name not in self.tasks:
@@ -201,6 +218,7 @@ class BackendEnv(EnvBase):
         self.stop_reason = None
         self.evaluations = []
         self._scores_seen = 0
+        self.ended = None
         out = TensorDict(batch_size=(), device=self.device)
         out.set(self.layout.observation, "")
         out.set(EVALUATION_STATUS_KEY, "")
@@ -208,6 +226,13 @@ class BackendEnv(EnvBase):
         return out
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if self.ended is not None:
+            from ..errors import EnvMisuseError
+
+            raise EnvMisuseError(
+                f"the episode already ended ({self.ended}); call env.reset() before stepping again (TorchRL's "
+                "rollout() and collectors reset a finished env for you)"
+            )
         retry = bool(tensordict.get(self.layout.retry, False))
         out = TensorDict(batch_size=(), device=self.device)
         done = False
@@ -232,6 +257,9 @@ class BackendEnv(EnvBase):
         if not done and self.turns >= self.max_turns:
             done = truncated = True
             self.stop_reason = "max_turns"
+        if done:
+            ended = (self.last_info or {}).get("exit_status") or self.stop_reason or "the backend reported done"
+            self.ended = f"{ended}, after {self.turns} turns"
         out.set("done", torch.tensor([bool(done)], device=self.device))
         out.set("terminated", torch.tensor([bool(done) and not truncated], device=self.device))
         out.set("truncated", torch.tensor([truncated], device=self.device))

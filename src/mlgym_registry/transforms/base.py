@@ -45,6 +45,18 @@ def format_template(template: str, fields: dict[str, Any], *, what: str) -> str:
         ) from None
 
 
+def refuse_stepped(tensordict: TensorDictBase) -> None:
+    """Raise ``EnvMisuseError`` when ``tensordict`` was already stepped (it holds the previous step's ``next``): the
+    usual slip of stepping by hand without ``env.step_mdp``, which otherwise fails deep in tensordict."""
+    if "next" in tensordict.keys():
+        from ..errors import EnvMisuseError
+
+        raise EnvMisuseError(
+            "env.step() got a tensordict that was already stepped (it holds the previous step's 'next'); step the "
+            "next turn with the output of env.step_mdp(td) (or td['next']), as TorchRL's rollout() and collectors do"
+        )
+
+
 def missing_response(layout: Layout) -> Exception:
     """The error of a step whose input holds no model response: where the env reads it, and what writes it there."""
     from ..errors import PolicyOutputError
