@@ -123,14 +123,17 @@ def test_echoed_scores_and_markers_cost_linear_time(mini_spec):
         td = env.reset()
 
         def act(command: str) -> tuple[object, float]:
+            nonlocal td
             td.set(("text", "response"), f"DISCUSSION\nNext.\n```\n{command}\n```")
             start = time.monotonic()
             out = env.step(td)
-            return out["next"], time.monotonic() - start
+            took = time.monotonic() - start
+            td = env.step_mdp(out)
+            return out["next"], took
 
         after, _ = act("validate")
         assert "Evaluation Score:" in str(after["observation"])
-        td = env.step_mdp(env.step(td.set(("text", "response"), "DISCUSSION\nok\n```\necho ok\n```")))
+        act("echo ok")
         attacks = [
             "python -c \"print('Evaluation Score: np.a(' + ' ' * 30000)\"",
             "python -c \"print('Evaluation Score: np.a(' + ' ' * 30000 + 'x')\"",
