@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from ...specs import TaskSpec
 from ..protocol import EVALUATION_OK, EVALUATION_STATUS_KEY, INFRA_ERROR, ToolSet, new_info
 from . import limits as limits_mod
 from . import sandbox as sandbox_mod
-from . import toolset
+from . import toolset, trees
 from .evaluation import (
     HARNESS_DIR,
     EvaluationFailure,
@@ -121,18 +122,34 @@ class _Resources:
         self.cgroup: limits_mod.PidsCgroup | None = None
         self.memory: limits_mod.MemoryCgroup | None = None
         self.owner_lock: int | None = None
+        self.warm: ShellSession | None = None
+        """The next episode's shell, started ahead in its own sandbox and in the spare cgroups (see ``reset``)."""
+        self.warm_workspace: tuple[int, int] | None = None
+        """The workspace folder (device, inode) that ``warm``'s sandbox mounted."""
+        self.spare_cgroup: limits_mod.PidsCgroup | None = None
+        self.spare_memory: limits_mod.MemoryCgroup | None = None
 
     def stop_session(self) -> None:
         if self.session is not None:
             self.session.kill()
             self.session = None
 
+    def stop_warm(self) -> None:
+        if self.warm is not None:
+            self.warm.kill()
+            self.warm = None
+
+    def swap_cgroups(self) -> None:
+        """The spare cgroups (the warm shell's) become the session's, and the session's the spare ones."""
+        self.cgroup, self.spare_cgroup = self.spare_cgroup, self.cgroup
+        self.memory, self.spare_memory = self.spare_memory, self.memory
+
     def release(self) -> None:
         """Release everything; never raises (``close()`` must not fail on what the agent left): each part that
         fails is warned about and the others are still released."""
         if os.getpid() != self.owner:
             return  # a forked child inherited this finalizer: the resources belong to the parent
-        for part in (self.stop_session, self._remove_cgroups, self._remove_root):
+        for part in (self.stop_session, self.stop_warm, self._remove_cgroups, self._remove_root):
             try:
                 part()
             except Exception as exc:  # noqa: BLE001 - reported, and the rest is released anyway
@@ -143,18 +160,20 @@ class _Resources:
             self.owner_lock = None
 
     def _remove_cgroups(self) -> None:
-        if self.cgroup is not None:
-            from . import procs
+        for _ in range(2):  # the session's and the spare ones
+            if self.cgroup is not None:
+                from . import procs
 
-            deadline = time.monotonic() + 2
-            while self.cgroup.members() and time.monotonic() < deadline:
-                procs.kill_all(self.cgroup.members())
-                time.sleep(0.01)
-            self.cgroup.remove()
-            self.cgroup = None
-        if self.memory is not None:
-            self.memory.remove()
-            self.memory = None
+                deadline = time.monotonic() + 2
+                while self.cgroup.members() and time.monotonic() < deadline:
+                    procs.kill_all(self.cgroup.members())
+                    time.sleep(0.01)
+                self.cgroup.remove()
+                self.cgroup = None
+            if self.memory is not None:
+                self.memory.remove()
+                self.memory = None
+            self.swap_cgroups()
 
     def _remove_root(self) -> None:
         if not force_rmtree(self.root):
@@ -298,6 +317,7 @@ class LocalBackend:
         self._pristine_dir, self._scratch = root / "pristine", root / "scratch"
         for folder in (self._home, self._tmp, self._commands, self._pristine_dir, self._scratch, self.host_workspace):
             folder.mkdir()
+        self._workspace_mode = stat.S_IMODE(self.host_workspace.stat().st_mode)
         self._added: list[dict[str, str]] = []
         self._scores: list[Any] = []
         self._pristine: dict[str, Path] = {}
@@ -324,6 +344,8 @@ class LocalBackend:
         if memory_limit_mb:
             self._res.memory = limits_mod.MemoryCgroup.create(memory_limit_mb)
         self._bash = "/bin/bash" if os.path.exists("/bin/bash") else (shutil.which("bash") or "bash")
+        self._warm_shells = self.sandboxed and self._make_spare_cgroups()
+        """Whether each reset starts the next episode's shell ahead (sandboxed only: see ``reset``)."""
 
     @staticmethod
     def check_available(*, sandbox: str = "bwrap", **_options: Any) -> None:
@@ -359,8 +381,53 @@ class LocalBackend:
         self._scores = []
         self._prepare_workspace()
         self.task = LocalTask(args=self._task_args())
-        self._start_session()
+        if not self._take_warm_shell():
+            self._start_session()
+        self._start_warm_shell()
         return {"observation": None}, {}
+
+    def _make_spare_cgroups(self) -> bool:
+        """Make the spare cgroups a warm shell waits in, like the session's; False when they cannot be made."""
+        res = self._res
+        if res.cgroup is not None:
+            res.spare_cgroup = limits_mod.PidsCgroup.create(self.limits.max_processes or 0)
+        if res.memory is not None:
+            res.spare_memory = limits_mod.MemoryCgroup.create(self.limits.memory_limit_mb or 0)
+        return (res.spare_cgroup is None) == (res.cgroup is None) and (res.spare_memory is None) == (res.memory is None)
+
+    def _start_warm_shell(self) -> None:
+        """Start the next episode's shell now, so that the next reset need not wait for a sandbox to start.
+
+        It is a whole new sandbox (namespaces, in-memory folders, shell), as a reset would start, and nothing runs in
+        it before it is taken: ``reset`` then runs the shell's set-up in it. It waits in cgroups of its own (the
+        spare ones, with the session's limits), so the agent's processes and limits never include it, and joining
+        them (which costs the kernel milliseconds) happens in the background, in the sandbox's own starter.
+        """
+        if not self._warm_shells or self._res.warm is not None:
+            return
+        try:
+            self._res.warm_workspace = _identity(self.host_workspace)
+            self._res.warm = self._new_session(self._res.spare_cgroup, self._res.spare_memory)
+        except OSError:
+            self._res.warm = None
+
+    def _take_warm_shell(self) -> bool:
+        """Make the warm shell the session (its cgroups become the session's); False when there is none to take:
+        it ended (its sandbox could not start), or the workspace is another folder than the one its sandbox shows."""
+        res = self._res
+        warm, res.warm = res.warm, None
+        if warm is None:
+            return False
+        if not warm.alive or res.warm_workspace != _identity(self.host_workspace):
+            warm.kill()
+            return False
+        res.swap_cgroups()
+        try:
+            self._set_up(warm)
+        except RuntimeError:
+            res.stop_session()  # started in the sandbox but failed its set-up: a new one is started the usual way
+            return False
+        return True
 
     def reset_container(self) -> None:
         """TorchRL's MLGym wrapper calls this before ``reset()``: a fresh shell in the same workspace."""
@@ -587,8 +654,10 @@ class LocalBackend:
 
     def _prepare_workspace(self) -> None:
         workspace = self.host_workspace
-        force_rmtree(workspace)
-        workspace.mkdir()
+        # emptied in place: removing the folder the last sandbox mounted waits for the kernel to detach that mount
+        if not trees.empty_folder(workspace, self._workspace_mode):
+            force_rmtree(workspace)
+            workspace.mkdir()
         for item in self.spec.starter_code:
             source = self.spec.resolve_path(item)
             if not source.exists():
@@ -650,8 +719,9 @@ class LocalBackend:
         # the agent's copy is shown read-only, as in MLGym
         guarded = {p: 0o555 if self.spec.evaluation_read_only else None for p in self.spec.evaluation_paths}
         guarded.update({p: 0o444 for p in self.spec.protected_files})
-        force_rmtree(self._pristine_dir)
-        self._pristine_dir.mkdir()
+        if not trees.empty_folder(self._pristine_dir, 0o700):
+            force_rmtree(self._pristine_dir)
+            self._pristine_dir.mkdir()
         self._pristine = {}
         for relative, mode in guarded.items():
             source = self.host_workspace / relative
@@ -743,19 +813,39 @@ class LocalBackend:
             mode = self.host_workspace.stat().st_mode  # or the new shell's ``cd`` fails and the step with it
             if mode & 0o700 != 0o700:
                 os.chmod(self.host_workspace, (mode & 0o7777) | 0o700)
-        cgroup = self._res.cgroup
+        self._set_up(self._new_session(self._res.cgroup, self._res.memory))
+
+    def _new_session(
+        self, cgroup: limits_mod.PidsCgroup | None, memory: limits_mod.MemoryCgroup | None
+    ) -> ShellSession:
+        """Start a shell (sandboxed: in a new sandbox) whose processes are in ``cgroup`` and ``memory``."""
         prefix = self._prefix
+        preexec = None
         if self.sandboxed:
-            prefix = tuple(sandbox_mod.command([], self._sandbox_spec(self.host_workspace, writable=True)))
-        self._res.session = ShellSession(
+            # no preexec_fn: with one, Python forks this whole process instead of using vfork (see exec_prefix)
+            cgroups = [c.procs_file for c in (cgroup, memory) if c is not None]
+            prefix = (
+                *limits_mod.exec_prefix(self._bash, self.limits, self._nproc, cgroups,
+                                        memory_rlimit=memory is None, file_size_mb=self.max_file_mb),
+                *sandbox_mod.command([], self._sandbox_spec(self.host_workspace, writable=True)),
+            )
+        else:
+            preexec = self._preexec()
+        return ShellSession(
             self.host_workspace,
             self._environment(),
             bash=self._bash,
             prefix=prefix,
-            preexec=self._preexec(),
+            preexec=preexec,
             max_output_bytes=4 * self.max_output_chars,
             extra_kill=cgroup.members if cgroup else None,
+            sandboxed=self.sandboxed,
         )
+
+    def _set_up(self, session: ShellSession) -> None:
+        """Make ``session`` the env's shell and run the set-up in it: tool variables, aliases, tools, commands."""
+        self._res.session = session
+        cgroup = self._res.cgroup
         self._limit_hits = cgroup.hit_limit_count() if cgroup else 0
         self._oom_kills = self._res.memory.oom_kills() if self._res.memory else 0
         lines = []
@@ -937,6 +1027,14 @@ def _quote(value: object) -> str:
 
 def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _chmod_tree(path: Path, mode: int) -> None:

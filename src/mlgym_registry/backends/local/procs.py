@@ -6,10 +6,11 @@ A session's shell leads its own session (``setsid``), so everything it starts sh
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 def _table() -> list[tuple[int, int, int]]:
@@ -58,16 +59,62 @@ def session_processes(leader: int) -> set[int]:
 def first_descendant_named(ancestor: int, name: str) -> list[int]:
     """The pids from a child of ``ancestor`` down to its nearest descendant whose command name is ``name`` (breadth
     first), or an empty list when there is none yet."""
-    children: dict[int, list[int]] = {}
-    for pid, ppid, _sid in _table():
-        children.setdefault(ppid, []).append(pid)
-    queue: list[list[int]] = [[child] for child in sorted(children.get(ancestor, []))]
+    children_of = _children_reader()
+    queue: list[list[int]] = [[child] for child in sorted(children_of(ancestor))]
     while queue:
         chain = queue.pop(0)
         if command_name(chain[-1]) == name:
             return chain
-        queue += [[*chain, child] for child in sorted(children.get(chain[-1], []))]
+        queue += [[*chain, child] for child in sorted(children_of(chain[-1]))]
     return []
+
+
+def descendants(ancestor: int) -> set[int]:
+    """Every descendant of ``ancestor`` (``ancestor`` excluded), found from the kernel's per-task ``children`` lists
+    where it has them: the cost grows with the tree, not with every process on the machine as a scan of ``/proc``
+    does. A process forked or reparented during the walk may be missed, as in any scan: callers that kill repeat."""
+    children_of = _children_reader()
+    found: set[int] = set()
+    stack = [ancestor]
+    while stack:
+        for child in children_of(stack.pop()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    found.discard(ancestor)
+    return found
+
+
+def _children_reader() -> Callable[[int], list[int]]:
+    """A function giving the children of a pid: from ``/proc/<pid>/task/<tid>/children`` when this kernel has those
+    files (``CONFIG_PROC_CHILDREN``), else from one scan of the process table taken now."""
+    if _has_children_files():
+        return _children
+    table: dict[int, list[int]] = {}
+    for pid, ppid, _sid in _table():
+        table.setdefault(ppid, []).append(pid)
+    return lambda pid: table.get(pid, [])
+
+
+@functools.cache
+def _has_children_files() -> bool:
+    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _children(pid: int) -> list[int]:
+    """The children of every thread of ``pid`` (none when it is gone)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as handle:
+                found += [int(child) for child in handle.read().split()]
+        except OSError:
+            continue
+    return found
 
 
 def command_name(pid: int) -> str:

@@ -52,8 +52,13 @@ class ShellSession:
         preexec: Callable[[], None] | None = None,
         max_output_bytes: int = 400_000,
         extra_kill: Callable[[], set[int]] | None = None,
+        sandboxed: bool = False,
     ):
+        """Start the shell. ``sandboxed``: ``prefix`` starts a sandbox whose first process is the shell, so the shell
+        is a descendant of the process started here (never that process itself), and every process of the session is
+        a descendant too (the sandbox's PID namespace makes the shell the reaper of orphans)."""
         self._new_token()
+        self._sandboxed = sandboxed
         self.max_output_bytes = max_output_bytes
         self._extra_kill = extra_kill
         self.proc = subprocess.Popen(
@@ -68,7 +73,9 @@ class ShellSession:
             close_fds=True,
         )
         self.pid = self.proc.pid
-        self.shell_pid, self._wrappers = (self.pid, set()) if not prefix else self._find_shell()
+        # found when first needed: a sandbox takes milliseconds to start its shell, and a command can be written to
+        # the pipe meanwhile (bash reads it once it runs), so a reset need not wait and poll for it
+        self._shell: tuple[int, set[int]] | None = None if prefix else (self.pid, set())
         self._fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
         self._in = self.proc.stdin.fileno()  # type: ignore[union-attr]
         os.set_blocking(self._fd, False)
@@ -80,23 +87,39 @@ class ShellSession:
         """Whether the shell is still running."""
         return self.proc.poll() is None
 
+    @property
+    def shell_pid(self) -> int:
+        """The shell's pid (as this process sees it)."""
+        return self._located()[0]
+
+    @property
+    def _wrappers(self) -> set[int]:
+        """The processes between the one started here and the shell (the sandbox's own)."""
+        return self._located()[1]
+
+    def _located(self) -> tuple[int, set[int]]:
+        if self._shell is None:
+            self._shell = self._find_shell()
+        return self._shell
+
     def processes(self) -> set[int]:
         """Every process of the session except the shell itself (and the sandbox around it)."""
-        found = procs.session_processes(self.pid)
+        # sandboxed, every process is a descendant: walking the tree beats scanning every process of the machine
+        found = procs.descendants(self.pid) if self._sandboxed else procs.session_processes(self.pid)
         if self._extra_kill is not None:
             found |= self._extra_kill()
         return found - self._wrappers - {self.pid, self.shell_pid}
 
     def _find_shell(self, within: float = 10.0) -> tuple[int, set[int]]:
         """The shell's pid when a wrapper (the sandbox) started it, and the wrapper's own processes on the way."""
-        if procs.command_name(self.pid) == "bash":
-            return self.pid, set()  # the wrapper replaced itself with the shell (``unshare -n``)
         deadline = time.monotonic() + within
         while time.monotonic() < deadline and self.proc.poll() is None:
+            if not self._sandboxed and procs.command_name(self.pid) == "bash":
+                return self.pid, set()  # the wrapper replaced itself with the shell (``unshare -n``)
             chain = procs.first_descendant_named(self.pid, "bash")
             if chain:
                 return chain[-1], set(chain[:-1]) | {self.pid}
-            time.sleep(0.002)
+            time.sleep(0.001)
         return self.pid, set()
 
     def _new_token(self) -> None:
