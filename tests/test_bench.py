@@ -41,3 +41,24 @@ def test_training_bench_quick_prints_every_ratio(capsys):
     # measure 3: a threading AsyncEnvPool of 8 real envs over one env
     assert re.search(r"ratio pool of 8 / one env, steps/s, TorchRL's default: [\d.]+ .*target >= 3: (met|NOT met)", out)
     assert "done in" in out
+
+
+EVALUATION_BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_evaluation.py"
+
+
+@pytest.mark.slow
+def test_evaluation_bench_quick_prints_each_ratio_with_its_target(capsys):
+    spec = importlib.util.spec_from_file_location("bench_evaluation", EVALUATION_BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ratios = module.main(["--quick"])
+    out = capsys.readouterr().out
+
+    assert "prisonersDilemma" in ratios and all(math.isfinite(v) and v > 0 for v in ratios.values())
+    assert re.search(r"prisonersDilemma +validate +[\d.]+ s +plain evaluate\.py +[\d.]+ s +ratio +[\d.]+ "
+                     r"\(target <= 1\.5: (met|NOT met)\)", out)
+    if "mlgym/prisonersDilemma" in ratios:
+        assert re.search(r"mlgym/prisonersDilemma .*\(target <= 3: (met|NOT met)\)", out)
+    else:
+        assert "MLGYM_ROOT does not point at an MLGym checkout" in out
+    assert "done in" in out

@@ -121,3 +121,29 @@ def test_every_recorded_mlgym_run_replays_and_is_reported(path, recorded_replays
     assert report.steps[0].same_kind
     [ours] = out.glob("*.traj")  # named after the task id, as MLGym names its own
     assert load_traj(ours).steps
+
+
+def test_several_runs_replay_in_parallel_jobs_and_report_in_the_order_given(tmp_path, capsys):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    first = write_traj(folder / "b_first.traj", [("```\nls\n```", "ls\n"), ("```\nsubmit\n```", "submit\n")],
+                       environment="mlgym_registry:local")
+    second = write_traj(folder / "a_second.traj", [("```\nsubmit\n```", "submit\n")],
+                        environment="mlgym_registry:local")
+    out = tmp_path / "out"
+    assert cli_main(["replay", str(first), str(second), "--task", "battleOfSexes", "--out", str(out), "--jobs", "2",
+                     "--quiet", "--seed", "0"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.index("b_first.traj") < shown.index("a_second.traj")  # the order given, not the order of ending
+    assert "replayed 2 of 2 runs with 2 jobs" in shown
+    names = ("runs-b_first", "runs-a_second")
+    reports = [json.loads((out / name / "replay-report.json").read_text()) for name in names]
+    assert [len(report["steps"]) for report in reports] == [2, 1]
+    assert all(report["our_exit_status"] == "submitted" for report in reports)
+    # a folder: its .traj files, sorted
+    assert cli_main(["replay", str(folder), "--task", "battleOfSexes", "--out", str(tmp_path / "out2"), "--jobs", "1",
+                     "--quiet", "--seed", "0"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.index("a_second.traj") < shown.index("b_first.traj")
+    with pytest.raises(SystemExit):
+        cli_main(["replay", str(first), "--jobs", "0"])

@@ -13,6 +13,8 @@ warning: recorded ``edit N:M`` commands were aimed at MLGym's starter files, who
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,7 +39,10 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``replay``."""
-    parser.add_argument("traj", metavar="PATH.traj", help="an MLGym trajectory file")
+    parser.add_argument("traj", metavar="PATH.traj", nargs="+",
+                        help="an MLGym trajectory file; several files, or folders of them, replay in parallel")
+    parser.add_argument("--jobs", type=positive_int, default=None,
+                        help="replays run at once when several are given (default: the number of cores)")
     parser.add_argument("--task", default=None, help="task to replay on (default: mlgym/<id>, else our <id>)")
     parser.add_argument("--out", default=None, help="a new folder for the report, .traj and results.json (default: "
                         "runs/replay-<id>-<time>); a folder that already holds a run is refused")
@@ -247,11 +252,46 @@ def format_report(report: ReplayReport) -> str:
     return "\n".join(lines)
 
 
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def recorded_paths(arguments: list[str]) -> list[Path]:
+    """The ``.traj`` files named: files as given, folders searched for ``*.traj`` (sorted), each path once."""
+    paths: list[Path] = []
+    for argument in arguments:
+        path = Path(argument)
+        found = sorted(path.rglob("*.traj")) if path.is_dir() else [path]
+        if path.is_dir() and not found:
+            raise SystemExit(f"mlgym-registry replay: no .traj file in the folder {argument}")
+        paths += [p for p in found if p not in paths]
+    return paths
+
+
+def default_jobs() -> int:
+    """One replay per core: a replay mostly waits on its evaluations, each a pair of processes taking turns."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def main(args: argparse.Namespace) -> int:
-    """Replay the trajectory and print the report."""
+    """Replay the trajectory (or each of several, in parallel) and print the report(s)."""
+    paths = recorded_paths(list(args.traj))
+    if len(paths) > 1 or any(Path(p).is_dir() for p in args.traj):
+        return main_many(args, paths)
+    return main_one(args, paths[0])
+
+
+def main_one(args: argparse.Namespace, path: Path) -> int:
+    """Replay one trajectory, its turns shown as they happen unless ``--quiet``."""
     from ..registry import registry
 
-    path = Path(args.traj)
     recorded = load_recorded(path)  # fail early, with the file's problem, before building anything
     task, warnings = (args.task, []) if args.task else default_task(path, recorded.environment)
     options = backend_options(args.backend_option)
@@ -267,3 +307,58 @@ def main(args: argparse.Namespace) -> int:
     print(printable(format_report(report)))
     print(f"wrote {out / 'replay-report.json'}")
     return 0
+
+
+def _replay_in_worker(path: Path, task: str, out: Path, warnings: list[str], arguments: dict[str, Any]) -> ReplayReport:
+    """``replay`` in a worker process (no transcript: several replays would interleave)."""
+    return replay(path, task, out, warnings=warnings, **arguments)
+
+
+def main_many(args: argparse.Namespace, paths: list[Path]) -> int:
+    """Replay several trajectories in worker processes (``--jobs`` at once), each into its own folder of ``OUT``;
+    the reports are printed in the order the files were given, whatever order the replays end in."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from ..registry import registry
+
+    plans = []
+    for path in paths:
+        recorded = load_recorded(path)  # every file is checked before any replay starts
+        task, warnings = (args.task, []) if args.task else default_task(path, recorded.environment)
+        plans.append((path, task, warnings))
+    options = backend_options(args.backend_option)
+    for task in sorted({task for _, task, _ in plans}):
+        with_changes(registry.spec(task), max_steps=args.max_steps, training_timeout=args.training_timeout,
+                     options=options)
+    out = Path(args.out) if args.out else default_out("replay")
+    arguments = {"max_steps": args.max_steps, "seed": args.seed, "options": options,
+                 "training_timeout": args.training_timeout, "starter_files": args.starter_files}
+    jobs = min(args.jobs or default_jobs(), len(plans))
+    failures = 0
+    with OutFolder(out):
+        folders, used = [], set()
+        for path, _, _ in plans:
+            name = f"{path.parent.name}-{path.stem}".strip("-")
+            while name in used:
+                name += "_"
+            used.add(name)
+            folders.append(out / name)
+        context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads and envs
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = [pool.submit(_replay_in_worker, path, task, folder, warnings, arguments)
+                       for (path, task, warnings), folder in zip(plans, folders, strict=True)]
+            for (path, _, _), folder, future in zip(plans, folders, futures, strict=True):
+                try:
+                    report = future.result()
+                except Exception as exc:  # noqa: BLE001 - one failed replay does not stop the others
+                    failures += 1
+                    print(printable(f"replay of {path} failed: {type(exc).__name__}: {exc}"))
+                    continue
+                if not args.quiet:
+                    print(printable(format_report(report)))
+                else:
+                    print(printable(f"{path}: same observation kind on {report.matching_kinds} of "
+                                    f"{len(report.steps)} steps; final score {(report.our_scores or [None])[-1]}"))
+                print(f"wrote {folder / 'replay-report.json'}")
+    print(f"replayed {len(plans) - failures} of {len(plans)} runs with {jobs} jobs into {out}")
+    return 1 if failures else 0

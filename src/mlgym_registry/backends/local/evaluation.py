@@ -281,17 +281,25 @@ class Evaluator:
         runner = None
         fds: tuple[int, ...] = ()
         if isolate:
-            request_read, request_write = os.pipe()
-            answer_read, answer_write = os.pipe()
-            runner = subprocess.Popen(
-                wrap([self.python, "-I", harness, "serve", "--workspace", inside(agent_view), *seed_option],
-                     agent_view),
-                stdin=request_read, stdout=answer_write, stderr=subprocess.DEVNULL, cwd=str(agent_view), env=agent_env,
-                start_new_session=True, preexec_fn=self.preexec,
-            )
-            os.close(request_read)
-            os.close(answer_write)
-            fds = (request_write, answer_read)
+            # the channel (see harness.Link): a sealed shared memory region, and a doorbell pipe into each process
+            memory = channel_memory()
+            agent_wake, ring_agent = os.pipe()
+            evaluator_wake, ring_evaluator = os.pipe()
+            try:
+                runner = subprocess.Popen(
+                    wrap([self.python, "-I", harness, "serve", "--workspace", inside(agent_view),
+                          "--memory-fd", str(memory), *seed_option], agent_view),
+                    stdin=agent_wake, stdout=ring_evaluator, stderr=subprocess.DEVNULL, cwd=str(agent_view),
+                    env=agent_env, start_new_session=True, preexec_fn=self.preexec, pass_fds=(memory,),
+                )
+            except BaseException:
+                for fd in (memory, evaluator_wake, ring_agent):
+                    os.close(fd)
+                raise
+            finally:
+                os.close(agent_wake)
+                os.close(ring_evaluator)
+            fds = (memory, evaluator_wake, ring_agent)
         # how the script ended comes back on a pipe of its own (the agent's code, in the other process, cannot
         # reach it); model tasks run the agent's code in the evaluator's process, so they get none
         status_read, status_write = os.pipe() if isolate else (None, None)
@@ -344,6 +352,26 @@ class Evaluator:
         except subprocess.TimeoutExpired:  # it closed its output but kept running
             raise TimeoutError(f"the evaluation did not finish within {_seconds(self.timeout)} seconds") from None
         return normalise(buffer.contents())
+
+
+CHANNEL_BYTES = 4 << 20
+"""The shared memory between the evaluator and the agent's process: a header and an area each way (a longer message
+crosses in chunks)."""
+
+
+def channel_memory(size: int = CHANNEL_BYTES) -> int:
+    """A memfd of ``size`` bytes for the evaluator's channel, sealed so that neither process can shrink it (which
+    would make the other's next access to it a fatal SIGBUS) nor grow it."""
+    import fcntl
+
+    fd = os.memfd_create("mlgym-registry-channel", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _read_status(fd: int) -> dict | None:

@@ -2,19 +2,22 @@
 
 Two roles, each started by the local backend inside its own sandbox:
 
-``harness.py evaluate --workspace DIR --trusted PATHS --fds W,R -- SCRIPT ARGS...``
+``harness.py evaluate --workspace DIR --trusted PATHS --fds M,WAKE,RING -- SCRIPT ARGS...``
     Runs the pristine evaluation script as ``__main__``. Its top-level imports resolve as follows: a trusted name (an
     evaluation or protected file of the task, given by its path) loads that exact pristine file, from source; a name
     the workspace defines in any form (source, bytecode, package) and the standard library or site-packages do not is
-    the *agent's* module, which never runs here: it is a proxy whose functions call the ``serve`` process over a
-    pipe; any other name loads from the standard library and site-packages, never from the workspace (a ``random.py``
+    the *agent's* module, which never runs here: it is a proxy whose functions call the ``serve`` process over the
+    channel; any other name loads from the standard library and site-packages, never from the workspace (a ``random.py``
     of the agent's shadows nothing). Byte code is cached in a private folder only. So agent code can neither rebind
     the evaluator's objects, nor exit it early, nor print into its output, which is the score's channel.
 
-``harness.py serve --workspace DIR``
-    Imports the agent's modules and answers calls: requests arrive on stdin as length-prefixed pickles (they come from
-    the trusted evaluator), answers leave on stdout as JSON lines. Whatever it answers is only ever data to the
-    evaluator (decoded as JSON, tuples marked), never code.
+``harness.py serve --workspace DIR --memory-fd M``
+    Imports the agent's modules and answers calls. Both processes share one memory region (a sealed memfd, ``M``,
+    see ``Link``): requests are written into one half (pickles, from the trusted evaluator), answers into the other
+    (tagged bytes: struct-packed ints and lists of ints, else JSON with tuples marked). Whatever the agent's process
+    answers is only ever data to the evaluator, bounded and validated, never code. Each side waits for the other by
+    spinning briefly on the shared memory, then sleeping on a doorbell pipe (stdin here; the evaluator's is in
+    ``--fds``), whose end of file also tells a process that its peer is gone.
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
+import mmap
 import os
 import pickle
+import platform
 import random
 import runpy
+import select
 import struct
 import sys
 import tempfile
@@ -35,6 +41,8 @@ import types
 
 MAX_LINE = 64 << 20
 """The longest answer the evaluator reads from the agent's process (bytes)."""
+MAX_REQUEST = 1 << 30
+"""The longest request the agent's process accepts (bytes): they come from the trusted evaluator."""
 
 
 # -- the wire format: JSON with tuples marked, so that `history` arguments keep their type ------------------------
@@ -84,17 +92,260 @@ def _hashable(value):
     return value
 
 
+# -- the link: a shared memory region and two doorbell pipes --------------------------------------------------------
+HEADER = 4096
+"""Bytes at the start of the region that hold the counters and sleep flags, each on a cache line of its own."""
+REQUEST_SEQ, REQUEST_ACK, ANSWER_SEQ, ANSWER_ACK, EVALUATOR_SLEEPS, AGENT_SLEEPS = 0, 64, 128, 192, 256, 320
+CHUNK_HEADER = struct.Struct("<IB")
+"""Before each chunk in an area: its length and whether more chunks of the same message follow."""
+SPIN = 2000
+"""How many times a waiting process looks at the shared memory (a few tens of microseconds) before it sleeps on its
+doorbell: a peer that answers at once is seen without any system call, a slow one costs no CPU."""
+MIN_SPIN = 64
+"""The shortest spin: after waits that spinning did not shorten, a process still looks this often before sleeping, so
+that it learns when its peer answers fast again (each success doubles the spin, each failure halves it)."""
+BUSY_CHECK = 4096
+"""Every this many waits, a process looks at the machine's load: when there are as many runnable processes as cores,
+it does not spin at all (a spinning process takes the core its peer, or anyone, needs), it sleeps at once."""
+NAP = 0.01
+"""The longest a sleeping process waits before looking again, whatever the doorbell says (a wake-up lost to store
+reordering between the two processes costs at most this)."""
+ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+"""Whether this CPU keeps stores in order as other cores see them (x86): only then may a reader take a message it
+saw in memory without a doorbell's system call in between; elsewhere every message rings the doorbell."""
+
+
+_FENCE_LOCK = __import__("_thread").allocate_lock()
+
+
+def _fence() -> None:
+    """A full memory barrier: taking and releasing a lock is an atomic read-modify-write (a locked instruction on
+    x86), which neither the compiler nor the CPU moves loads or stores across. Without it, each process could read
+    the other's old flag and counter at once, and sleep until ``NAP`` ends."""
+    _FENCE_LOCK.acquire()
+    _FENCE_LOCK.release()
+
+
+def _machine_busy() -> bool:
+    """Whether the machine's recent load is at least its number of cores (True when it cannot tell)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+        return os.getloadavg()[0] >= cores
+    except (AttributeError, OSError):
+        return True
+
+
+class PeerGone(Exception):
+    """The process at the other end of the link ended."""
+
+
+class Malformed(Exception):
+    """What the other process wrote is not a message (a length out of bounds, a broken chunk)."""
+
+
+class Link:
+    """One process's end of the shared-memory channel: it writes messages into one area and reads the other's.
+
+    A message is written as chunks of at most an area's size; the writer bumps its sequence byte after each chunk,
+    the reader copies the chunk out and bumps its acknowledgement byte. A waiting process spins on the byte it
+    waits for, then raises its sleep flag and waits on its doorbell pipe, which the other rings (one byte) when it
+    sees the flag. Each side keeps its own counters: what the other writes into the region is only ever data to it,
+    never trusted for a bound or a position.
+    """
+
+    def __init__(self, memory_fd: int, wake_fd: int, ring_fd: int, *, evaluator: bool):
+        size = os.fstat(memory_fd).st_size
+        if size < HEADER + 2 * 4096:
+            raise ValueError(f"the channel's memory is too small ({size} bytes)")
+        self._memory = mmap.mmap(memory_fd, size)
+        area = (size - HEADER) // 2
+        self._chunk = area - CHUNK_HEADER.size
+        request, answer = HEADER, HEADER + area
+        if evaluator:
+            self._out, self._out_seq, self._out_ack = request, REQUEST_SEQ, REQUEST_ACK
+            self._in, self._in_seq, self._in_ack = answer, ANSWER_SEQ, ANSWER_ACK
+            self._mine, self._peer = EVALUATOR_SLEEPS, AGENT_SLEEPS
+        else:
+            self._out, self._out_seq, self._out_ack = answer, ANSWER_SEQ, ANSWER_ACK
+            self._in, self._in_seq, self._in_ack = request, REQUEST_SEQ, REQUEST_ACK
+            self._mine, self._peer = AGENT_SLEEPS, EVALUATOR_SLEEPS
+        self._wake, self._ring_fd = wake_fd, ring_fd
+        os.set_blocking(ring_fd, False)
+        self._sent = self._received = 0
+        self._spins = SPIN
+        self._waits, self._busy = BUSY_CHECK, _machine_busy()
+
+    def _wait(self, offset: int, want: int) -> None:
+        """Until the byte at ``offset`` is ``want``: spin, then sleep on the doorbell."""
+        memory = self._memory
+        self._waits -= 1
+        if not self._waits:
+            self._waits, self._busy = BUSY_CHECK, _machine_busy()
+        if ORDERED and not self._busy:
+            spins = self._spins
+            while spins:
+                if memory[offset] == want:
+                    if self._spins < SPIN:
+                        self._spins <<= 1  # the peer answers while this one spins: spin longer next time
+                    return
+                spins -= 1
+            if self._spins > MIN_SPIN:
+                self._spins >>= 1  # the peer was busy (or the machine is): sleep sooner next time
+        while True:
+            memory[self._mine] = 1
+            _fence()  # the flag is seen before the byte is read again (the peer fences the other way in _ring)
+            if ORDERED and memory[offset] == want:
+                break
+            if select.select([self._wake], [], [], NAP)[0]:
+                try:
+                    rung = os.read(self._wake, 4096)
+                except OSError:
+                    rung = b""
+                if not rung:
+                    memory[self._mine] = 0
+                    raise PeerGone
+            if memory[offset] == want:
+                break
+        memory[self._mine] = 0
+
+    def _ring(self) -> None:
+        _fence()  # what was just written is seen before the peer's sleep flag is read
+        if not ORDERED or self._memory[self._peer]:
+            try:
+                os.write(self._ring_fd, b"\0")
+            except BlockingIOError:
+                pass  # the pipe is full of rings the peer has not read yet: it will wake anyway
+            except OSError:
+                raise PeerGone from None
+
+    def send(self, data: bytes) -> None:
+        """Write one message (any length), chunk by chunk as the reader takes them."""
+        memory, chunk, total, position = self._memory, self._chunk, len(data), 0
+        while True:
+            self._wait(self._out_ack, self._sent)  # the reader took the previous chunk: the area is free
+            piece = data[position:position + chunk] if position or total > chunk else data
+            more = position + chunk < total
+            CHUNK_HEADER.pack_into(memory, self._out, len(piece), more)
+            start = self._out + CHUNK_HEADER.size
+            memory[start:start + len(piece)] = piece
+            self._sent = (self._sent + 1) & 255
+            memory[self._out_seq] = self._sent
+            self._ring()
+            position += chunk
+            if not more:
+                return
+
+    def receive(self, limit: int) -> bytes:
+        """The next message; ``Malformed`` when it breaks the framing or is longer than ``limit`` bytes."""
+        memory, chunk, parts, total = self._memory, self._chunk, [], 0
+        while True:
+            want = (self._received + 1) & 255
+            self._wait(self._in_seq, want)
+            length, more = CHUNK_HEADER.unpack_from(memory, self._in)
+            if length > chunk or (more and length != chunk) or total + length > limit:
+                raise Malformed(f"a chunk of {length} bytes")
+            start = self._in + CHUNK_HEADER.size
+            piece = memory[start:start + length]
+            self._received = want
+            memory[self._in_ack] = want
+            self._ring()
+            if not more:
+                if not parts:
+                    return piece
+                parts.append(piece)
+                return b"".join(parts)
+            parts.append(piece)
+            total += length
+
+
+# -- answers: tagged bytes, read as untrusted data -------------------------------------------------------------------
+INT = struct.Struct("<q")
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+_INT_LISTS = {n: struct.Struct(f"<{n}q") for n in range(65)}
+
+
+def pack_value(value) -> bytes:
+    """An answer's value as bytes: ints and lists of ints struct-packed, other values as JSON (``encode``)."""
+    if type(value) is not int and type(value) is not list:
+        value = encode(value)
+    kind = type(value)
+    if kind is int:
+        if INT_MIN <= value <= INT_MAX:
+            return b"I" + INT.pack(value)
+    elif kind is list and all(type(v) is int for v in value):
+        packer = _INT_LISTS.get(len(value)) or struct.Struct(f"<{len(value)}q")
+        try:
+            return b"L" + packer.pack(*value)
+        except struct.error:  # an int beyond 64 bits: JSON has no bound
+            pass
+    elif value is None:
+        return b"N"
+    elif value is True:
+        return b"T"
+    elif value is False:
+        return b"F"
+    return b"J" + json.dumps(encode(value)).encode("ascii")
+
+
+def pack_error(text: str) -> bytes:
+    """An answer saying that the agent's code failed."""
+    return b"E" + text.encode("utf-8", "replace")
+
+
+def unpack_answer(data: bytes):
+    """The value of an answer from the agent's process; ``AgentCodeError`` for an error or anything malformed."""
+    tag, size = data[:1], len(data)
+    if tag == b"I" and size == 9:
+        return INT.unpack_from(data, 1)[0]
+    if tag == b"L" and size % 8 == 1:
+        count = size >> 3
+        unpacker = _INT_LISTS.get(count) or struct.Struct(f"<{count}q")
+        return list(unpacker.unpack_from(data, 1))
+    if size == 1 and tag in (b"N", b"T", b"F"):
+        return None if tag == b"N" else tag == b"T"
+    if tag == b"E":
+        raise AgentCodeError(data[1:].decode("utf-8", "replace"))
+    if tag == b"J":
+        try:
+            return decode(json.loads(data[1:]))
+        except (ValueError, RecursionError):
+            pass
+    raise AgentCodeError("the agent's code answered with something that is not a value")
+
+
+# -- requests: pickles from the evaluator, with the calls of a function on a growing list sent as what is new --------
+CALL = struct.Struct("<Hi")
+"""After ``b"C"``: the function's number and how many items of its previous list argument to keep (-1: none, the
+pickle holds ``(args, kwargs)``; else the pickle holds the items to append)."""
+MAX_FUNCTIONS = 1 << 16
+_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
+
+
+def frozen(value) -> bool:
+    """Whether ``value`` can never change: atoms, and tuples of frozen values (the moves of a game's history)."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return True
+    if kind is not tuple:
+        return False
+    for item in value:
+        if type(item) not in _ATOMS and not frozen(item):
+            return False
+    return True
+
+
 # -- evaluator side -----------------------------------------------------------------------------------------------
 class AgentCodeError(RuntimeError):
     """The agent's code raised, or answered with something that is not a value."""
 
 
 class AgentChannel:
-    """The evaluator's end of the pipe to the ``serve`` process."""
+    """The evaluator's end of the link to the ``serve`` process."""
 
-    def __init__(self, write_fd: int, read_fd: int):
-        self._out = os.fdopen(write_fd, "wb")
-        self._in = os.fdopen(read_fd, "rb")
+    def __init__(self, memory_fd: int, wake_fd: int, ring_fd: int):
+        self._link = Link(memory_fd, wake_fd, ring_fd, evaluator=True)
+        self._functions: dict[tuple[str, str], int] = {}
+        self._lists: dict[int, list] = {}  # per function: the list argument the agent's process holds a copy of
         self.failed = False
         """True once any answer was an error: the agent's code failed, even if the script caught it."""
 
@@ -107,38 +358,71 @@ class AgentChannel:
 
         One request at a time: call that function before sending the next.
         """
-        try:
-            data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-            self._out.write(struct.pack("!Q", len(data)) + data)
-            self._out.flush()
-        except (OSError, ValueError) as exc:
-            self.failed = True
-            raise AgentCodeError(f"the process running the agent's code is gone ({exc})") from None
+        self._send(b"G" + pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
         return self._answer
+
+    def call(self, module: str, name: str, args: tuple, kwargs: dict):
+        """``module.name(*args, **kwargs)`` in the agent's process.
+
+        A call whose one argument is a list of frozen items (a game's history) sends only what changed since the
+        previous call of the same function: how many leading items are the very same objects, and the new ones.
+        The agent's process rebuilds the list and gives the function a fresh copy of it each call.
+        """
+        number = self._functions.get((module, name))
+        if number is None:
+            if len(self._functions) >= MAX_FUNCTIONS:
+                return self.ask(op="call", module=module, name=name, args=args, kwargs=kwargs)
+            number = len(self._functions)
+            self.ask(op="bind", module=module, name=name, number=number)
+            self._functions[module, name] = number
+        if not kwargs and len(args) == 1 and type(args[0]) is list:
+            frame = self._delta(number, args[0])
+        else:
+            frame = None
+        if frame is None:
+            self._lists.pop(number, None)
+            frame = b"C" + CALL.pack(number, -1) + pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        self._send(frame)
+        return self._answer()
+
+    def _delta(self, number: int, items: list) -> bytes | None:
+        """The frame of a call on the list ``items``, sent as a change to the previous one; None when an item is
+        not frozen (then the whole argument is sent)."""
+        held = self._lists.get(number)
+        keep = 0
+        if held is not None:
+            limit = min(len(held), len(items))
+            while keep < limit and items[keep] is held[keep]:
+                keep += 1
+        tail = items[keep:]
+        for item in tail:
+            if type(item) not in _ATOMS and not frozen(item):
+                return None
+        if held is None:
+            self._lists[number] = held = []
+        del held[keep:]
+        held += tail
+        return b"C" + CALL.pack(number, keep) + pickle.dumps(tail, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _send(self, frame: bytes) -> None:
+        try:
+            self._link.send(frame)
+        except (PeerGone, OSError, ValueError) as exc:
+            self.failed = True
+            raise AgentCodeError(f"the process running the agent's code is gone ({exc or 'it ended'})") from None
 
     def _answer(self):
         try:
-            return self._read_answer()
+            try:
+                data = self._link.receive(MAX_LINE)
+            except (PeerGone, OSError):
+                raise AgentCodeError("the process running the agent's code ended (it exited or was killed)") from None
+            except Malformed:
+                raise AgentCodeError("the agent's code answered with something that is not a value") from None
+            return unpack_answer(data)
         except AgentCodeError:
             self.failed = True
             raise
-
-    def _read_answer(self):
-        try:
-            line = self._in.readline(MAX_LINE)
-        except (OSError, ValueError) as exc:
-            raise AgentCodeError(f"the process running the agent's code is gone ({exc})") from None
-        if not line.endswith(b"\n"):
-            raise AgentCodeError("the process running the agent's code ended (it exited or was killed)")
-        try:
-            answer = json.loads(line)
-            if not isinstance(answer, dict):
-                raise ValueError
-        except ValueError:
-            raise AgentCodeError("the agent's code answered with something that is not a value") from None
-        if "error" in answer:
-            raise AgentCodeError(str(answer["error"]))
-        return decode(answer.get("value"))
 
 
 class AgentFunction:
@@ -149,7 +433,7 @@ class AgentFunction:
         self.__qualname__ = name
 
     def __call__(self, *args, **kwargs):
-        return self._channel.ask(op="call", module=self._module, name=self.__name__, args=args, kwargs=kwargs)
+        return self._channel.call(self._module, self.__name__, args, kwargs)
 
     def map(self, calls):
         """``[self(*args) for args in calls]`` in one round trip."""
@@ -256,8 +540,8 @@ def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], stat
     """
     channel = None
     if fds.strip(","):
-        write_fd, read_fd = (int(x) for x in fds.split(","))
-        channel = AgentChannel(write_fd, read_fd)
+        memory_fd, wake_fd, ring_fd = (int(x) for x in fds.split(","))
+        channel = AgentChannel(memory_fd, wake_fd, ring_fd)
     system_path = [p for p in sys.path if p and os.path.abspath(p) != os.path.abspath(workspace)]
     # byte code is read and written only in a private folder: a __pycache__ of the agent's never stands in for a
     # pristine source
@@ -301,30 +585,74 @@ def _report(status, data: dict) -> None:
 
 
 # -- agent side ---------------------------------------------------------------------------------------------------
-def serve(workspace: str, seed: int | None = None) -> None:
-    """Answer the evaluator's requests about the agent's modules until the pipe closes.
+def serve(workspace: str, memory_fd: int, seed: int | None = None) -> None:
+    """Answer the evaluator's requests about the agent's modules until the evaluator is gone.
 
+    The link is the shared memory ``memory_fd``, with this process's doorbell on stdin and the evaluator's on stdout.
     ``seed`` (the episode's agent seed, derived apart from the evaluator's) seeds ``random``, and numpy once the
     agent's code imported it, so a stochastic strategy is reproducible; this process never learns the evaluator's.
     """
-    requests = os.fdopen(os.dup(0), "rb")
-    answers = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="surrogatepass")
+    link = Link(memory_fd, os.dup(0), os.dup(1), evaluator=False)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)  # what the agent's code prints goes nowhere: only answers cross
     sys.path.insert(0, workspace)
     if seed is not None:
         random.seed(seed)
+    functions: dict[int, tuple[types.ModuleType, str]] = {}
+    lists: dict[int, list] = {}
     while True:
-        header = requests.read(8)
-        if len(header) < 8:
+        try:
+            frame = link.receive(MAX_REQUEST)
+            if frame[:1] == b"C":
+                answer = _call(frame, functions, lists)
+            else:
+                answer = _pack_answer(_answer(pickle.loads(frame[1:]), seed, functions))
+            link.send(answer)
+        except PeerGone:
             return
-        request = pickle.loads(requests.read(struct.unpack("!Q", header)[0]))
-        answers.write(json.dumps(_answer(request, seed)) + "\n")
-        answers.flush()
 
 
-def _answer(request: dict, seed: int | None) -> dict:
+def _call(frame: bytes, functions: dict, lists: dict) -> bytes:
+    """The answer to a ``b"C"`` frame (see ``AgentChannel.call``)."""
+    try:
+        number, keep = CALL.unpack_from(frame, 1)
+        payload = pickle.loads(memoryview(frame)[1 + CALL.size:])
+        module, name = functions[number]
+        if keep < 0:
+            lists.pop(number, None)
+            args, kwargs = payload
+        else:
+            held = lists.setdefault(number, [])
+            if keep > len(held):
+                raise ValueError("the evaluator's list and this process's copy differ")
+            del held[keep:]
+            held += payload
+            args, kwargs = (held.copy(),), {}
+        function = getattr(module, name)
+        result = function(*args, **kwargs)
+        return pack_value(result)
+    except BaseException as exc:  # noqa: BLE001 - the agent's code may raise anything, SystemExit included
+        return _failure(exc)
+
+
+def _failure(exc: BaseException) -> bytes:
+    try:
+        return pack_error(f"{type(exc).__name__}: {exc}")
+    except BaseException as inner:  # noqa: BLE001 - an exception whose str() raises
+        return pack_error(f"{type(exc).__name__} (unprintable: {type(inner).__name__})")
+
+
+def _pack_answer(answer: dict) -> bytes:
+    if "error" in answer:
+        return pack_error(str(answer["error"]))
+    try:
+        return pack_value(answer.get("value"))
+    except BaseException as exc:  # noqa: BLE001 - a value that cannot cross, or whose conversion raised
+        return _failure(exc)
+
+
+def _answer(request: dict, seed: int | None, functions: dict | None = None) -> dict:
     try:
         op, module_name = request["op"], request["module"]
         if op == "import":
@@ -335,6 +663,9 @@ def _answer(request: dict, seed: int | None) -> dict:
             return {"value": None}
         module = importlib.import_module(module_name)
         name = request["name"]
+        if op == "bind" and functions is not None:
+            functions[request["number"]] = (module, name)
+            return {"value": None}
         if op == "describe":
             if not hasattr(module, name):
                 return {"value": "missing"}
@@ -343,11 +674,11 @@ def _answer(request: dict, seed: int | None) -> dict:
             return {"value": kind}
         function = getattr(module, name)
         if op == "get":
-            return {"value": encode(function)}
+            return {"value": function}
         if op == "call":
-            return {"value": encode(function(*request["args"], **request["kwargs"]))}
+            return {"value": function(*request["args"], **request["kwargs"])}
         if op == "map":
-            return {"value": encode([function(*args) for args in request["calls"]])}
+            return {"value": [function(*args) for args in request["calls"]]}
         return {"error": f"unknown request {op!r}"}
     except BaseException as exc:  # noqa: BLE001 - the agent's code may raise anything, SystemExit included
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -361,7 +692,8 @@ def main(argv: list[str]) -> None:
         options[rest[0].lstrip("-")] = rest[1]
         rest = rest[2:]
     if role == "serve":
-        serve(options["workspace"], int(options["seed"]) if options.get("seed", "").isdigit() else None)
+        seed = int(options["seed"]) if options.get("seed", "").isdigit() else None
+        serve(options["workspace"], int(options["memory-fd"]), seed)
     else:
         trusted = [n for n in options.get("trusted", "").split(",") if n]
         status_fd = int(options["status-fd"]) if options.get("status-fd", "").isdigit() else None
