@@ -76,6 +76,25 @@ def test_bad_arguments(tmp_path):
     assert result.returncode != 0 and "needs a path" in result.stderr
 
 
+def test_episodes_that_do_not_divide_among_the_envs_are_refused_before_any_folder(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli_main(["run", "prisonersDilemma", "--num-envs", "2", "--episodes", "3", "--out", str(out)]) == 2
+    assert "--episodes 3 does not divide among --num-envs 2" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_one_env_plays_several_episodes_in_a_row(tmp_path):
+    out = tmp_path / "out"
+    result = run_cli("run", "blotto", "--episodes", "2", "--seed", "3", "--out", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "env 0 episode 1: exit status: submitted" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["env0-0", "env0-1"]
+    for folder in ("env0-0", "env0-1"):
+        baseline, score = baseline_and_score(out / folder)
+        assert score > baseline
+
+
 def workspace_processes(root: Path) -> list[psutil.Process]:
     """Processes whose working directory is under ``root`` (the sandbox around the backend's shell) and everything
     they started (inside the sandbox, working directories are the sandbox's own paths)."""

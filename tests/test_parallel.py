@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import traceback
 
@@ -135,5 +136,69 @@ def test_a_factory_env_seeds_each_of_its_episodes_as_rays_runner_does():
         for _ in range(3):
             env.reset()
         assert seeds == [7, 10, 13]  # seed + k * num_envs + i
+    finally:
+        env.close()
+
+
+def late_variable() -> str | None:
+    """In a worker: the variable the test sets after the fork server started."""
+    return os.environ.get("MLGYM_REGISTRY_TEST_LATE")
+
+
+def report_origin(factory, connection) -> None:
+    """Worker entry point: send the worker's parent pid, the pid of the process that started it, and
+    ``factory()``."""
+    connection.send((os.getppid(), multiprocessing.parent_process().pid, factory()))
+
+
+def test_warm_workers_fork_from_the_server_with_this_process_environment(monkeypatch):
+    from mlgym_registry.workers import WithParentEnviron, warm_workers
+
+    monkeypatch.delenv("MLGYM_REGISTRY_WORKER_START", raising=False)
+    before = multiprocessing.get_start_method(allow_none=True)
+    with warm_workers() as method:
+        assert method == "forkserver" and multiprocessing.get_start_method() == "forkserver"
+        monkeypatch.setenv("MLGYM_REGISTRY_TEST_LATE", "set after the server started")
+        receiver, sender = multiprocessing.Pipe(duplex=False)
+        worker = multiprocessing.Process(target=report_origin, args=(WithParentEnviron(late_variable), sender))
+        worker.start()
+    assert multiprocessing.get_start_method(allow_none=True) == before  # restored after the block
+    try:
+        assert receiver.poll(300), f"the worker gave no answer (exit code {worker.exitcode})"
+        parent, starter, value = receiver.recv()
+    finally:
+        worker.join(30)
+        if worker.is_alive():
+            worker.kill()
+    assert starter == os.getpid() and parent != os.getpid()  # a fork of the server, started on this process' behalf
+    assert value == "set after the server started"
+    assert WithParentEnviron(late_variable)() == "set after the server started"  # here, a plain call
+
+
+def test_a_start_method_other_than_forkserver_or_spawn_is_refused(monkeypatch):
+    from mlgym_registry.validation import InvalidOptionError
+    from mlgym_registry.workers import warm_workers, worker_start_method
+
+    monkeypatch.setenv("MLGYM_REGISTRY_WORKER_START", "spawn")
+    assert worker_start_method() == "spawn"
+    with warm_workers() as method:
+        assert method == "spawn" and multiprocessing.get_start_method() == "spawn"
+    monkeypatch.setenv("MLGYM_REGISTRY_WORKER_START", "fork")
+    with pytest.raises(InvalidOptionError, match="MLGYM_REGISTRY_WORKER_START='fork' is not one of forkserver, spawn"):
+        worker_start_method()
+
+
+def test_an_idle_worker_pauses_before_forfeiting():
+    import time
+
+    from mlgym_registry.parallel import IDLE_RESPONSE
+
+    env = EnvFactory.from_spec("prisonersDilemma", batch_size=())()
+    try:
+        module = TextPolicy("scripted", task_id="prisonersDilemma", episodes=0, idle_pause=0.2)
+        started = time.monotonic()
+        td = module(env.reset())
+        assert time.monotonic() - started >= 0.2
+        assert td["text", "response"] == IDLE_RESPONSE
     finally:
         env.close()

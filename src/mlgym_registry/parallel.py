@@ -3,7 +3,8 @@
 Workers rebuild their env from ``TaskSpec.to_dict()`` (``EnvFactory``: picklable, with no reference to anything
 registered in this process) and run the policy next to it (``TextPolicy``: a TensorDict module around one of our text
 policies). Each worker plays its episodes on its own; this process receives every step as it happens, rebuilds the
-turns and writes each episode's ``.traj`` and ``results.json`` as they grow.
+turns and writes each episode's ``.traj`` and ``results.json`` as they grow. The workers are forked from a server
+that has imported torch, TorchRL and this package (``workers.warm_workers``), not spawned afresh.
 
 On TorchRL 0.14, with string actions and ``History`` data, ``Collector(num_collectors=N)`` was the fastest of the
 options measured (``ParallelEnv`` also works, but only with ``use_buffers=False`` and ``consolidate=False``).
@@ -12,6 +13,7 @@ options measured (``ParallelEnv`` also works, but only with ``use_buffers=False`
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,11 @@ POLICY_ERROR_KEY = "policy_error"
 IDLE_RESPONSE = "DISCUSSION\nThis worker has played its episodes.\n```\nexit_forfeit\n```"
 """What ``TextPolicy`` answers once its worker has played its episodes: the collector keeps every worker stepping
 until it is shut down, and those steps (dropped by the receiver) must not cost a model call or an evaluation."""
+
+IDLE_PAUSE = 0.25
+"""Seconds ``TextPolicy`` waits before each ``IDLE_RESPONSE``: an idle worker would otherwise reset its env and forfeit
+in a loop as fast as it can, taking a core from the workers still playing. A worker sees the collector's shutdown
+between two steps, so this is also about the longest an idle worker delays it."""
 
 GAVE_UP_RESPONSE = "DISCUSSION\nThe model could not be reached.\n```\nexit_api\n```"
 """What ``TextPolicy`` answers when its policy gave up (``PolicyError``): MLGym's ``exit_api``, which autosubmits."""
@@ -147,11 +154,11 @@ class TextPolicy(TensorDictModuleBase):
     system and task messages starts a new episode (the text policy is reset). Beside the response it writes the
     policy's usage (``STATS_KEY``) and, when the policy gave up on the episode (``PolicyError``), why
     (``POLICY_ERROR_KEY``; the response is then ``exit_api``). With ``episodes`` set, the episodes after that many
-    are answered with ``IDLE_RESPONSE``, without calling the policy.
+    are answered with ``IDLE_RESPONSE``, without calling the policy, each after a pause of ``idle_pause`` seconds.
     """
 
     def __init__(self, policy: str, task_id: str | None = None, layout: str = "default",
-                 episodes: int | None = None, parser: str | None = None):
+                 episodes: int | None = None, parser: str | None = None, idle_pause: float = IDLE_PAUSE):
         from .transforms.layout import get_layout
 
         super().__init__()
@@ -161,6 +168,7 @@ class TextPolicy(TensorDictModuleBase):
         self.parser = parser  # the env's parser (name or "module:attr"): the scripted policy writes in its format
         self.layout_name = layout
         self.episodes = episodes
+        self.idle_pause = idle_pause
         self.in_keys = [keys.history]
         self.out_keys = [keys.response, STATS_KEY, POLICY_ERROR_KEY]
         self._policy = None
@@ -183,6 +191,7 @@ class TextPolicy(TensorDictModuleBase):
             self._policy.reset()
         error = ""
         if self.episodes is not None and self._started > self.episodes:
+            time.sleep(self.idle_pause)
             response = IDLE_RESPONSE
         else:
             try:
@@ -282,6 +291,48 @@ class _Receiver:
         return ordered
 
 
+def episode_collector(
+    spec: TaskSpec | str,
+    policy: str,
+    num_envs: int,
+    *,
+    seed: int | None = None,
+    options: dict[str, Any] | None = None,
+    episodes_per_env: int = 1,
+) -> tuple[Any, TextPolicy]:
+    """The collector ``run_parallel`` plays through, and the ``TextPolicy`` its workers run; it starts its workers.
+
+    TorchRL's multi-process ``Collector``: one worker per env, each building its env from the spec (``EnvFactory``,
+    env ``i`` seeded ``seed + i`` then every ``num_envs``) and running ``policy`` next to it, one step per frame.
+    The workers are forked from the warm server of ``workers.py`` (``warm_workers``). Iterate it, then
+    ``shutdown()`` it.
+    """
+    from torchrl.collectors import Collector
+    from torchrl.weight_update import NoWeightSyncScheme
+
+    from .registry import registry
+    from .validation import check_option
+    from .workers import WithParentEnviron, warm_workers
+
+    spec = registry.spec(spec)
+    # the receiver reads the chain's own unbatched frames
+    options = {"batch_size": (), **(options or {})}
+    check_option("seed", seed)
+    # each env seeds its own episodes, as Ray's runner seeds them (TorchRL's set_seed would derive other seeds)
+    factories = [EnvFactory(spec.to_dict(), dict(options), index=index, seed=None if seed is None else seed + index,
+                            seed_stride=num_envs) for index in range(num_envs)]
+    module = TextPolicy(policy, task_id=spec.id, episodes=episodes_per_env,
+                        parser=spec.components.get("parser") or spec.parser)
+    # the text policy has no weights to send; TorchRL's default shared-memory scheme for nn.Module policies can also
+    # deadlock a worker when it is garbage-collected (its __del__ starts a queue thread). Workers forked from a
+    # server that has imported torch, TorchRL and this package: building and shutting down N costs little more than 1
+    with warm_workers():
+        collector = Collector([WithParentEnviron(factory) for factory in factories], module, frames_per_batch=1,
+                              total_frames=-1, num_collectors=num_envs, sync=False,
+                              weight_sync_schemes={"policy": NoWeightSyncScheme()})
+    return collector, module
+
+
 def run_parallel(
     spec: TaskSpec | str,
     policy: str,
@@ -301,26 +352,13 @@ def run_parallel(
     saved at every step. Episode ``k`` of env ``i`` is seeded ``seed + k * num_envs + i``, as on Ray.
     ``on_step(finished_episodes, steps_so_far)`` is called as steps arrive.
     """
-    from torchrl.collectors import Collector
-    from torchrl.weight_update import NoWeightSyncScheme
-
     from .registry import registry
-    from .validation import check_option
 
     spec = registry.spec(spec)
-    # the receiver reads the chain's own unbatched frames
-    options = {"batch_size": (), **(options or {})}
-    check_option("seed", seed)
-    # each env seeds its own episodes, as Ray's runner seeds them (TorchRL's set_seed would derive other seeds)
-    factories = [EnvFactory(spec.to_dict(), dict(options), index=index, seed=None if seed is None else seed + index,
-                            seed_stride=num_envs) for index in range(num_envs)]
-    module = TextPolicy(policy, task_id=spec.id, episodes=episodes_per_env,
-                        parser=spec.components.get("parser") or spec.parser)
-    receiver = _Receiver(spec, registry.component(spec, "parser"), module, out, episodes_per_env, folders)
-    # the text policy has no weights to send; TorchRL's default shared-memory scheme for nn.Module policies can also
-    # deadlock a worker when it is garbage-collected (its __del__ starts a queue thread)
-    collector = Collector(factories, module, frames_per_batch=1, total_frames=-1, num_collectors=num_envs, sync=False,
-                          weight_sync_schemes={"policy": NoWeightSyncScheme()})
+    parser = registry.component(spec, "parser")  # before any worker starts
+    collector, module = episode_collector(spec, policy, num_envs, seed=seed, options=options,
+                                          episodes_per_env=episodes_per_env)
+    receiver = _Receiver(spec, parser, module, out, episodes_per_env, folders)
     try:
         for batch in collector:
             for frame in batch.reshape(-1).unbind(0):

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a new folder for the .traj and results.json (default: runs/<task>-<time>); "
                         "a folder that already holds a run is refused")
     add_engine_arguments(parser, "episodes")
+    parser.add_argument("--episodes", type=cli_integer(1), default=None, metavar="E",
+                        help="episodes to play in all (default: one per env); a multiple of --num-envs, each env "
+                        "playing E / N in a row, written to OUT/env<i>-<k>/")
     parser.add_argument("--cpus-per-env", type=float, default=None, metavar="N",
                         help="with --ray: CPUs each actor asks for (default: what lets every env run at once, "
                         "at most 1)")
@@ -189,9 +192,10 @@ def main(args: argparse.Namespace) -> int:
         import_ray()  # without the extra: say how to install it, before any folder is made
     elif args.cpus_per_env is not None:
         raise InvalidOptionError("--cpus-per-env is for --ray runs; add --ray (or --ray ADDRESS)")
+    episodes_per_env(args)  # a count that does not divide among the envs: refused before any folder is made
     out = Path(args.out) if args.out else default_out(spec.id.replace("/", "_"))
     with OutFolder(out):
-        if args.num_envs > 1 or args.ray is not None:
+        if args.num_envs > 1 or args.ray is not None or episodes_per_env(args) > 1:
             return run_many(spec, args, out)
         return run_one(spec, args, out)
 
@@ -262,25 +266,46 @@ MAX_FAILED_STATUS = 100
 """The exit status of a many-episode run is the number of episodes that did not end, capped here."""
 
 
-def run_many(spec, args: argparse.Namespace, out: Path) -> int:
-    """N episodes at once in worker processes or Ray actors, with a progress bar. The exit status is the number of
-    episodes that did not end (0 when all did)."""
-    from ..parallel import run_episodes
+def episodes_per_env(args: argparse.Namespace) -> int:
+    """How many episodes each env plays in a row: ``--episodes`` over ``--num-envs`` (1 without ``--episodes``);
+    ``InvalidOptionError`` when they do not divide."""
+    episodes = getattr(args, "episodes", None)
+    if episodes is None:
+        return 1
+    if episodes % args.num_envs:
+        raise InvalidOptionError(f"--episodes {episodes} does not divide among --num-envs {args.num_envs}: give a "
+                                 f"multiple of {args.num_envs} (each env plays the same number of episodes)")
+    return episodes // args.num_envs
 
+
+def run_many(spec, args: argparse.Namespace, out: Path) -> int:
+    """Episodes in worker processes or Ray actors, ``--num-envs`` at once, with a progress bar. The exit status is
+    the number of episodes that did not end (0 when all did)."""
     engine = "process" if args.ray is None else "ray"
     if engine == "process":
+        from ..workers import start_worker_server
+
+        # the workers' server imports torch and TorchRL while this process does the same, on another core
+        start_worker_server()
+    from ..parallel import run_episodes
+
+    if engine == "process":
         check_endpoint(policy_text(args))
+    per_env = episodes_per_env(args)
     where = "" if engine == "process" else f" on Ray ({args.ray or 'a local runtime'})"
-    bar = ProgressBar(args.num_envs, f"{spec.id}: episodes done{where}")
+    bar = ProgressBar(args.num_envs * per_env, f"{spec.id}: episodes done{where}")
     try:
         results = run_episodes(spec, policy_text(args), args.num_envs, engine=engine, address=args.ray or None,
-                               cpus_per_env=args.cpus_per_env, out=out, seed=args.seed,
+                               cpus_per_env=args.cpus_per_env, out=out, seed=args.seed, episodes_per_env=per_env,
                                on_step=lambda finished, steps: bar.update(finished, f"({steps} steps)"))
     finally:
         bar.close()
-    for index, result in enumerate(results):
-        print(f"env {index}: {printable(result.summary())}")
-    print(f"wrote {out}/env<i>/{spec.id}.traj and results.json for {len(results)} episodes")
+    for position, result in enumerate(results):
+        index, number = divmod(position, per_env)
+        label = f"env {index}" if per_env == 1 else f"env {index} episode {number}"
+        print(f"{label}: {printable(result.summary())}")
+    folder = "env<i>" if per_env == 1 else "env<i>-<k>"
+    print(f"wrote {out}/{folder}/{spec.id}.traj and results.json for {len(results)} episodes")
     failed = sum(not result.finished or bool(result.failure) for result in results)
     if failed:
         print(f"{failed} of {len(results)} episodes did not end")
