@@ -3,13 +3,22 @@
 Replaying every recorded run takes minutes, mostly spent waiting on the tasks' evaluations. The replays start with
 the session, in worker processes at the lowest CPU priority, so that they use what the other tests leave idle;
 ``test_replay.py`` then only collects the results.
+
+With pytest-xdist (``make test``) the session is several worker processes: the controller, which runs no test,
+starts the replays as soon as a worker has collected the tests (``conftest.py``), and every replay's outcome is saved
+as a file in the folder the workers share, so that the test checking it reads it in whichever worker it runs. No
+worker then has the replays among its child processes, where tests that check what processes they leave behind would
+see them. (Should the controller not start them, the first worker to need them does: an exclusive file says who.)
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -27,8 +36,49 @@ strategy that never ends costs the whole cap at every validate."""
 LOWEST_PRIORITY = 19
 """``nice`` of the replay workers (and so of their evaluations): the rest of the suite always runs first."""
 
-Replays = dict[Path, tuple[Path, "Future | None"]]
-"""``{path: (out_folder, future)}``; a run that is not one of our tasks has no future (its test skips)."""
+WAIT_LIMIT = 40 * 60
+"""Seconds a test waits for a replay's outcome before failing (a replay takes seconds to a few minutes)."""
+
+OUTCOME = "outcome.pickle"
+"""The file, in a replay's folder, holding what ``replay`` returned or raised (written when it ends)."""
+
+
+class Outcome:
+    """A replay's result as its outcome file holds it, read in any process of the session (a future's ``result``)."""
+
+    def __init__(self, folder: Path, owner: Path):
+        self.file = folder / OUTCOME
+        self.owner = owner
+
+    def result(self, timeout: float = WAIT_LIMIT):
+        deadline = time.monotonic() + timeout
+        while not self.file.is_file():
+            if not owner_alive(self.owner):
+                pytest.fail(f"the process replaying the recorded runs ended without saving {self.file}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no replay outcome in {self.file} after {timeout:.0f} s")
+            time.sleep(0.5)
+        kind, value = pickle.loads(self.file.read_bytes())
+        if kind == "raised":
+            raise value
+        if kind == "cancelled":
+            pytest.fail("the replay was cancelled: the session stopped before it ran")
+        return value
+
+
+Replays = dict[Path, tuple[Path, "Outcome | None"]]
+"""``{path: (out_folder, outcome)}``; a run that is not one of our tasks has no outcome (its test skips)."""
+
+
+def param_id(path: Path) -> str:
+    """The id of the test checking the replay of ``path`` (as ``test_replay.py`` parametrizes it)."""
+    return f"{path.parent.name}/{path.stem}"
+
+
+def selected(ids: list[str], recorded: list[Path]) -> list[Path]:
+    """The recorded runs whose replay test is among the collected test ``ids``."""
+    wanted = {test_id.rpartition("[")[2].rstrip("]") for test_id in ids if f"::{TEST_NAME}[" in test_id}
+    return [path for path in recorded if param_id(path) in wanted]
 
 
 def expected_cost(path: Path) -> int:
@@ -46,14 +96,65 @@ def replay_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def start(paths: list[Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[ProcessPoolExecutor, Replays]:
-    """Submit the replay of every run in ``paths`` (longest first) to a pool of low-priority workers."""
+def owner_alive(owner: Path) -> bool:
+    """Whether the process named in ``owner`` (the one replaying) still runs; True while it is writing the file."""
+    try:
+        pid = int(owner.read_text() or 0)
+    except (OSError, ValueError):
+        return True
+    if not pid:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def take_on(owner: Path) -> bool:
+    """Become the process that replays, unless another process of the session already is."""
+    try:
+        fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as file:
+        file.write(str(os.getpid()))
+    return True
+
+
+def save(file: Path, future: Future) -> None:
+    """Write what ``future`` ended with to ``file`` (a temporary file renamed, so that readers see all or nothing)."""
+    if future.cancelled():
+        outcome = ("cancelled", None)
+    elif future.exception() is not None:
+        outcome = ("raised", future.exception())
+    else:
+        outcome = ("returned", future.result())
+    partial_file = file.with_suffix(".partial")
+    partial_file.write_bytes(pickle.dumps(outcome))
+    os.replace(partial_file, file)
+
+
+def start(paths: list[Path], root: Path) -> tuple[ProcessPoolExecutor | None, Replays]:
+    """The replays of every run in ``paths``, in folders under ``root`` (shared by the session's processes).
+
+    The first process to get here submits them (longest first) to a pool of low-priority workers and returns the
+    pool; the others return None and only read the outcomes."""
+    root.mkdir(parents=True, exist_ok=True)
+    owner = root / "owner"
+    folders = {path: root / f"{index:03d}-{path.parent.name}-{path.stem}" for index, path in enumerate(sorted(paths))}
+    runs: Replays = {path: (folder / "out", Outcome(folder, owner)) for path, folder in folders.items()}
+    if not take_on(owner):
+        return None, runs
     pool = ProcessPoolExecutor(max_workers=min(replay_workers(), len(paths) or 1),
                                mp_context=multiprocessing.get_context("spawn"),
                                initializer=os.nice, initargs=(LOWEST_PRIORITY,))
-    runs: Replays = {}
     for path in sorted(paths, key=expected_cost, reverse=True):
-        out = tmp_path_factory.mktemp(f"replay-{path.parent.name}-{path.stem}")
+        folder = folders[path]
+        out = folder / "out"
+        out.mkdir(parents=True)
         try:
             task, warnings = default_task(path, load_traj(path).environment)
         except SystemExit:
@@ -62,5 +163,5 @@ def start(paths: list[Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[
         # replayed edits can land on other lines than in MLGym's starter files and make a strategy that never ends:
         # a short evaluation timeout keeps such a replay short
         future = pool.submit(replay, path, task, out, seed=0, warnings=warnings, training_timeout=EVALUATION_CAP)
-        runs[path] = (out, future)
+        future.add_done_callback(partial(save, folder / OUTCOME))
     return pool, runs

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -88,10 +89,18 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
 
 
 
+def xdist_worker() -> str | None:
+    """This process's pytest-xdist worker id (``gw0``...), or None in a session without workers."""
+    return os.environ.get("PYTEST_XDIST_WORKER")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def background_replays(request, tmp_path_factory):
     """Replays of the recorded MLGym runs that ``test_replay.py`` checks, started when the session starts and run in
-    the background at the lowest priority (see ``background_replays.py``); ``{}`` when no such test is selected."""
+    the background at the lowest priority (see ``background_replays.py``); ``{}`` when no such test is selected.
+
+    With pytest-xdist the controller has started them (``pytest_xdist_node_collection_finished`` below) in the folder
+    the workers share, where their outcomes appear; a worker only reads them."""
     import background_replays as replays
 
     paths = [item.callspec.params["path"] for item in request.session.items
@@ -99,6 +108,120 @@ def background_replays(request, tmp_path_factory):
     if not paths:
         yield {}
         return
-    pool, runs = replays.start(paths, tmp_path_factory)
+    if xdist_worker() is None:
+        root = tmp_path_factory.mktemp("replays")
+    else:
+        root = tmp_path_factory.getbasetemp().parent / "replays"  # the session's folder, above each worker's own
+    pool, runs = replays.start(paths, root)
     yield runs
-    pool.shutdown(wait=True, cancel_futures=True)
+    if pool is not None:
+        # a worker that had to start them (see background_replays.py) waits for the others' tests too, unless the
+        # session stops early
+        stopping = xdist_worker() is None or bool(request.session.shouldstop or request.session.shouldfail)
+        pool.shutdown(wait=True, cancel_futures=stopping)
+
+
+REPLAY_POOL = pytest.StashKey[object]()
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    """In the xdist controller, once the first worker has collected the tests: start the background replays their
+    replay tests check, in the session's folder above each worker's own (``background_replays.py``)."""
+    config = node.config
+    if REPLAY_POOL in config.stash:
+        return
+    import background_replays as replays
+
+    config.stash[REPLAY_POOL] = None
+    paths = replays.selected(ids, sorted(TRAJECTORIES.glob("*/*.traj")))
+    if paths:
+        root = config._tmp_path_factory.getbasetemp() / "replays"  # the workers' folders are basetemp/popen-gwN
+        config.stash[REPLAY_POOL], _ = replays.start(paths, root)
+
+
+def pytest_sessionfinish(session):
+    pool = session.config.stash.get(REPLAY_POOL, None)
+    if pool is not None:  # every worker has ended, and with it every test waiting for a replay
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# ---- scheduling under pytest-xdist (make test: -n N --dist loadgroup) and where the time went --------------------
+
+def uses_module_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a fixture set up once per module (a Ray runtime, a model, a served endpoint...)."""
+    definitions = getattr(item, "_fixtureinfo", None)
+    if definitions is None:
+        return False
+    return any(defs and defs[-1].scope == "module" for defs in definitions.name2fixturedefs.values())
+
+
+def is_replay_check(item: pytest.Item) -> bool:
+    """The tests that read the background replays' outcomes (they wait for them, so they run last)."""
+    import background_replays as replays
+
+    return getattr(item, "originalname", None) == replays.TEST_NAME
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist appends the group names to the test ids
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (the order of a session without workers is left as it is):
+
+    - the tests of a module that share a module-scoped fixture run in one worker (an ``xdist_group`` per module), so
+      that the fixture (a Ray runtime, a model, a server) starts once, not once in each worker they are spread over;
+    - those groups and the ``slow`` tests are handed out first, so that no long test starts when the others are done;
+    - the tests that check the background replays come last, when the replays had the whole session to run (without
+      workers they stay where they are: the replays run in the test process then, and the tests after
+      ``test_replay.py`` that check the processes they leave find none of the replays')."""
+    if xdist_worker() is None:
+        return
+    for item in items:
+        if uses_module_fixture(item) and not is_replay_check(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+    def rank(item: pytest.Item) -> int:
+        if is_replay_check(item):
+            return 2
+        if item.get_closest_marker("xdist_group") or item.get_closest_marker("slow"):
+            return 0
+        return 1
+
+    items[:] = sorted(items, key=rank)  # stable: each rank keeps the collection order
+
+
+class TimeTable:
+    """Where the time went: seconds per test file (setup, call and teardown of its tests, in whichever worker they
+    ran), printed at the end of the session with the wall time."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.per_file: dict[str, float] = {}
+        self.started = time.monotonic()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        path = report.nodeid.split("::", 1)[0]
+        self.per_file[path] = self.per_file.get(path, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.per_file:
+            return
+        wall = time.monotonic() - self.started
+        busy = sum(self.per_file.values())
+        ranked = sorted(self.per_file.items(), key=lambda pair: pair[1], reverse=True)
+        write = terminalreporter.write_line
+        terminalreporter.section("time per test file")
+        for path, seconds in ranked[:TOP_FILES]:
+            write(f"{seconds:8.1f} s  {path}")
+        if len(ranked) > TOP_FILES:
+            write(f"{sum(seconds for _, seconds in ranked[TOP_FILES:]):8.1f} s  "
+                  f"the other {len(ranked) - TOP_FILES} files")
+        write(f"tests: {busy:.0f} s in all; session: {wall:.0f} s of wall time with {self.workers} worker(s), "
+              f"{busy / max(wall, 1e-9):.1f} tests running at a time on average")
+
+
+TOP_FILES = 15
+
+
+def pytest_configure(config):
+    if xdist_worker() is None:  # the controller (or a session without workers) gets every test's report
+        workers = getattr(config.option, "numprocesses", None) or 1
+        config.pluginmanager.register(TimeTable(workers), "mlgym-registry-time-table")

@@ -65,14 +65,18 @@ def spec_for(workspaces: Path):
 
 
 def worker_actors() -> list[int]:
-    """The pids of the live ``EpisodeWorker`` actor processes on this machine (Ray titles them after the class)."""
+    """The pids of the live ``EpisodeWorker`` actor processes of this process's local runtime (Ray titles them after
+    the class; its workers descend from this process, not the actors of other runtimes on this machine)."""
     import psutil
 
     found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or [""]
-        if cmdline[0].startswith("ray::EpisodeWorker") and process.status() != psutil.STATUS_ZOMBIE:
-            found.append(process.pid)
+    for process in psutil.Process().children(recursive=True):
+        try:
+            cmdline = process.cmdline() or [""]
+            if cmdline[0].startswith("ray::EpisodeWorker") and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process.pid)
+        except psutil.Error:  # ended meanwhile
+            continue
     return found
 
 
