@@ -117,7 +117,8 @@ def test_a_binary_or_malformed_traj_is_one_clear_error(tmp_path, content, messag
 
 
 def test_replaying_a_folder_or_a_missing_file_is_one_clear_error(tmp_path):
-    refused(run_cli("replay", str(tmp_path)), f"trajectory file {str(tmp_path)!r} is a folder; pass the .traj file")
+    refused(run_cli("replay", str(tmp_path)), f"mlgym-registry: error: no .traj file in the folder {str(tmp_path)!r}; "
+                                             "pass a .traj file or a folder of runs")
     refused(run_cli("replay", str(tmp_path / "gone.traj")), f"trajectory file {str(tmp_path / 'gone.traj')!r} "
                                                             "does not exist")
 

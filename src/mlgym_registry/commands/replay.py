@@ -267,7 +267,7 @@ def recorded_paths(arguments: list[str]) -> list[Path]:
         path = Path(argument)
         found = sorted(path.rglob("*.traj")) if path.is_dir() else [path]
         if path.is_dir() and not found:
-            raise SystemExit(f"mlgym-registry replay: no .traj file in the folder {argument}")
+            raise SystemExit(f"no .traj file in the folder {argument!r}; pass a .traj file or a folder of runs")
         paths += [p for p in found if p not in paths]
     return paths
 
