@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml plugins/mlgym-registry-example/pyproject.toml
 
 venv: $(STAMP)
 
+# each demo writes a folder of its own (runs/demo-<time>), so the target runs again and keeps earlier demos
 demo: $(STAMP)
-	$(VENV)/bin/mlgym-registry run prisonersDilemma --policy scripted --seed 0 --out runs/demo
+	$(VENV)/bin/mlgym-registry run prisonersDilemma --policy scripted --seed 0 --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: $(STAMP)
 	@start=$$(date +%s); $(VENV)/bin/ruff check src tests bench plugins examples || exit $$?; \
