@@ -106,7 +106,9 @@ class EpisodeResult:
     @property
     def infra_errors(self) -> int:
         """How many of the episode's evaluations failed for reasons that are not the agent's (``infra_error``)."""
-        return list(self.info.get("evaluations") or []).count("infra_error")
+        from .backends.protocol import infra_errors
+
+        return infra_errors(self.info)
 
     def summary(self) -> str:
         """One line: exit status, score and baseline (and any evaluation the infrastructure failed)."""

@@ -154,6 +154,7 @@ def _reward_cases(spec: TaskSpec) -> list[tuple[str, str, dict[str, Any]]]:
         AGENT_ERROR,
         EVALUATION_OK,
         EVALUATION_STATUS_KEY,
+        EVALUATIONS_KEY,
         INFRA_ERROR,
         INVALID_SUBMISSION,
         new_info,
@@ -164,7 +165,7 @@ def _reward_cases(spec: TaskSpec) -> list[tuple[str, str, dict[str, Any]]]:
         info = new_info()
         info.update(exit_status=exit_status, score=list(scores or []))
         info[EVALUATION_STATUS_KEY] = status
-        info["evaluations"] = [status] if status else []
+        info[EVALUATIONS_KEY] = [status] if status else []
         return info
 
     baseline = spec.baseline or {"Score": 1.0}

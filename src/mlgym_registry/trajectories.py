@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .backends.protocol import EVALUATIONS_KEY, infra_errors
 from .bounded_json import loads as load_json
 from .errors import MLGymRegistryError
 
@@ -231,10 +232,10 @@ class TrajectoryWriter:
     def results(self) -> dict[str, Any]:
         """The ``results.json`` object: the scores so far and the baseline (and why, for an episode that failed)."""
         results: dict[str, Any] = {"agent": list(self.info.get("score") or []), "baseline": self.baseline or {}}
-        evaluations = list(self.info.get("evaluations") or [])
+        evaluations = list(self.info.get(EVALUATIONS_KEY) or [])
         if evaluations:
             results["evaluations"] = evaluations
-            infra = evaluations.count("infra_error")
+            infra = infra_errors(self.info)
             if infra:
                 results["infra_errors"] = infra
         if self.failure:

@@ -89,6 +89,19 @@ def new_info() -> dict[str, Any]:
 EVALUATIONS_KEY = "evaluations"
 """Where the env keeps, in the ``info`` it passes on, the status of every evaluation of the episode so far."""
 
+def non_finite(metrics: Any) -> bool:
+    """True when a metric dict holds a number that is NaN or infinite (a broken submission, never a score)."""
+    if not isinstance(metrics, dict):
+        return False
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v)
+               for v in metrics.values())
+
+
+def infra_errors(info: dict[str, Any]) -> int:
+    """How many of the episode's evaluations (``info[EVALUATIONS_KEY]``) failed for reasons not the agent's."""
+    return list(info.get(EVALUATIONS_KEY) or []).count(INFRA_ERROR)
+
+
 _FAILED_VALIDATION_OPENINGS = (
     "Submission artefact not found",
     "Failed to decode metrics from evaluation script",
@@ -108,10 +121,7 @@ def infer_evaluation_status(observation: str | None, info: dict[str, Any], score
     """
     scores = info.get("score") or []
     if len(scores) > scores_before:
-        latest = scores[-1]
-        values = latest.values() if isinstance(latest, dict) else ()
-        finite = all(not isinstance(v, float) or math.isfinite(v) for v in values)
-        return EVALUATION_OK if finite else INVALID_SUBMISSION
+        return INVALID_SUBMISSION if non_finite(scores[-1]) else EVALUATION_OK
     exit_status = str(info.get("exit_status") or "")
     if exit_status.startswith(_FAILED_EXITS) or _FAILED_EXIT.search(exit_status):
         return INVALID_SUBMISSION

@@ -241,11 +241,16 @@ def failure_reward(spec: Any = None) -> float:
     return -max(-DEFAULT_FAILURE_REWARD, size) if math.isfinite(size) else DEFAULT_FAILURE_REWARD
 
 
-def honest_reward(metrics: Mapping[str, float], spec: Any = None, baseline: Mapping[str, float] | None = None) -> float:
+def honest_reward(
+    metrics: Mapping[str, float],
+    spec: Any = None,
+    baseline: Mapping[str, float] | None = None,
+    floor: float | None = None,
+) -> float:
     """A scored evaluation's reward: score minus baseline (``baseline``, else the spec's) on the priority metric,
-    never below ``failure_reward`` (a score worse than the task's worst honest value is paid as that value; a
-    non-finite one as a failure)."""
-    floor = failure_reward(spec)
+    never below ``floor`` (default ``failure_reward(spec)``: a score worse than the task's worst honest value is paid
+    as that value; a non-finite one as a failure)."""
+    floor = failure_reward(spec) if floor is None else floor
     delta = metric_delta(metrics, baseline if baseline is not None else spec_baseline(spec), spec)
     return max(delta, floor) if math.isfinite(delta) else floor
 
@@ -362,13 +367,14 @@ class BestImprovementReward:
     def __call__(self, observation: str | None, info: Mapping[str, Any] | None, spec: Any = None) -> float:
         """The reward of one step."""
         outcome = step_outcome(observation, info, spec)
-        best = max((honest_reward(m, spec) for m in outcome.earlier), default=None)
+        if outcome.kind not in ("scored", "failed"):
+            return 0.0
+        floor = failure_reward(spec)
+        best = max((honest_reward(m, spec, floor=floor) for m in outcome.earlier), default=None)
         if outcome.kind == "scored":
-            value = honest_reward(outcome.metrics or {}, spec, outcome.baseline)
+            value = honest_reward(outcome.metrics or {}, spec, outcome.baseline, floor)
             return value if best is None else max(0.0, value - best)
-        if outcome.kind == "failed":
-            return failure_reward(spec) if best is None else 0.0
-        return 0.0
+        return floor if best is None else 0.0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

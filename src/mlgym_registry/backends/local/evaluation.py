@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import select
 import shutil
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..protocol import AGENT_ERROR, INFRA_ERROR, INVALID_SUBMISSION
+from ..protocol import AGENT_ERROR, INFRA_ERROR, INVALID_SUBMISSION, non_finite
 from . import procs, trees
 from .output import CappedBuffer, normalise
 
@@ -88,16 +87,6 @@ def format_error(output: str, status: str = INVALID_SUBMISSION) -> EvaluationFor
         "Please make sure the evaluation script prints the metrics in json format.",
         status,
     )
-
-
-def non_finite(metrics: Any) -> bool:
-    """True when a metric dict holds a number that is NaN or infinite (a broken submission, never a score)."""
-    if not isinstance(metrics, dict):
-        return False
-    for value in metrics.values():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
-            return True
-    return False
 
 
 Wrap = Callable[[list[str], Path], list[str]]
