@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlgym_registry import InvalidTaskError, Registry, TaskSpec, registry
+from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.tasks import mlgym_source
 
 TASK = """\
@@ -166,6 +167,47 @@ def test_problems_inside_a_task_surface_when_it_is_used(checkout):
         reg.spec("mlgym/badEntry")
     with pytest.raises(InvalidTaskError, match="missing.yaml"):
         reg.spec("mlgym/noData")
+
+
+DUEL = """\
+id: duel
+name: A Duel
+description: Write your move in `strategy.py`; you play against a fixed partner.
+task_entrypoint: PythonSubmissionTasks
+starter_code:
+- data/duel/target.py
+- data/duel/evaluate.py
+- data/duel/strategy.py
+evaluation_paths:
+- evaluate.py
+evaluation_read_only: true
+"""
+
+
+def test_the_opponent_of_an_mlgym_game_is_pristine(checkout):
+    """MLGym marks only evaluate.py read-only, so MLGym itself lets the agent rewrite the partner it is scored
+    against; here the starter modules the description does not name are kept pristine, like the script."""
+    write(checkout / "configs/tasks/duel.yaml", DUEL)
+    write(checkout / "data/duel/target.py", "def target_column_strategy(history):\n    return 1\n")
+    write(checkout / "data/duel/strategy.py", "def row_strategy(history):\n    return 0\n")
+    write(checkout / "data/duel/evaluate.py", """\
+        import json
+        from strategy import row_strategy
+        from target import target_column_strategy
+        print(json.dumps({"Score": float(row_strategy([]) + target_column_strategy([]))}))
+        """)
+    spec = fresh().spec("mlgym/duel")
+    assert spec.protected_files == ["target.py"]
+    backend = LocalBackend(spec, seed=0)
+    try:
+        backend.reset()
+        backend.install_tools()
+        backend.step("printf 'def row_strategy(history):\\n    return 2\\n' > strategy.py")
+        backend.step("printf 'def target_column_strategy(history):\\n    return 100\\n' > target.py")
+        observation, _, _, info = backend.step("validate")
+        assert info["score"] == [{"Score": 3.0}], observation  # the agent's move counts, the rewritten partner does not
+    finally:
+        backend.close()
 
 
 def test_missing_dataset_files_are_named_at_reset_and_nothing_stays_behind(checkout, tmp_path):

@@ -122,11 +122,27 @@ def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
         extra.setdefault("priority_metric", known.name)
         extra.setdefault("metric_direction", known.direction)
     return spec.replace(
+        protected_files=list(spec.protected_files) or evaluator_modules(spec),
         datasets=[load_dataset(root, item) for item in spec.dataset_configs],
         aliases_file=str(aliases) if aliases.is_file() else None,
         tags=[TAG] + [t for t in spec.tags if t != TAG],
         extra=extra,
     )
+
+
+def evaluator_modules(spec: TaskSpec) -> list[str]:
+    """The starter Python files of a Python-submission task that belong to the evaluator: those its description does
+    not name, such as a game's opponent (``target.py``) or 3SATTime's ``solver.py``.
+
+    MLGym's task files mark only the evaluation script read-only, so MLGym lets the agent rewrite the opponent its
+    strategy is scored against. A description names the file the agent is asked to change (``strategy.py``,
+    ``heuristic.py``); the other starter modules the evaluator imports are kept pristine here, like the script.
+    """
+    if spec.task_entrypoint != "PythonSubmissionTasks":
+        return []
+    evaluation = {Path(p).name for p in spec.evaluation_paths}
+    names = [Path(p).name for p in spec.starter_code]
+    return [n for n in names if n.endswith(".py") and n not in evaluation and n not in (spec.description or "")]
 
 
 @hookimpl

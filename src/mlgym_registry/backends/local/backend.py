@@ -628,7 +628,7 @@ class LocalBackend:
             wrap=self._wrap_evaluation if self.sandboxed else self._wrap_unsandboxed,
             workspace_path=str(self.task_workspace) if self.sandboxed else None,
             secrets=frozenset(self._secrets),
-            preexec=self._preexec(),
+            preexec=None if self.sandboxed else self._preexec(),  # sandboxed: the limits are in the wrap's prefix
             max_output_bytes=4 * self.max_output_chars,
             max_snapshot_bytes=self.max_snapshot_mb << 20 if self.max_snapshot_mb else None,
             extra_env=extra,
@@ -796,7 +796,17 @@ class LocalBackend:
                                        home_size_mb=size, shm_size_mb=shm)
 
     def _wrap_evaluation(self, argv: list[str], view: Path) -> list[str]:
-        return sandbox_mod.command(argv, self._sandbox_spec(view, writable=False))
+        return [*self._limits_prefix(self._res.cgroup, self._res.memory),
+                *sandbox_mod.command(argv, self._sandbox_spec(view, writable=False))]
+
+    def _limits_prefix(
+        self, cgroup: limits_mod.PidsCgroup | None, memory: limits_mod.MemoryCgroup | None
+    ) -> list[str]:
+        """The shell prefix that puts a sandbox in this env's cgroups and limits (``limits.exec_prefix``): with a
+        ``preexec_fn`` instead, Python would fork the whole driver, a trainer holding a model included."""
+        cgroups = [c.procs_file for c in (cgroup, memory) if c is not None]
+        return limits_mod.exec_prefix(self._bash, self.limits, self._nproc, cgroups,
+                                      memory_rlimit=memory is None, file_size_mb=self.max_file_mb)
 
     def _wrap_unsandboxed(self, argv: list[str], _view: Path) -> list[str]:
         return [*self._prefix, *argv]
@@ -823,10 +833,8 @@ class LocalBackend:
         preexec = None
         if self.sandboxed:
             # no preexec_fn: with one, Python forks this whole process instead of using vfork (see exec_prefix)
-            cgroups = [c.procs_file for c in (cgroup, memory) if c is not None]
             prefix = (
-                *limits_mod.exec_prefix(self._bash, self.limits, self._nproc, cgroups,
-                                        memory_rlimit=memory is None, file_size_mb=self.max_file_mb),
+                *self._limits_prefix(cgroup, memory),
                 *sandbox_mod.command([], self._sandbox_spec(self.host_workspace, writable=True)),
             )
         else:

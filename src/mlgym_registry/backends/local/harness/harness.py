@@ -22,22 +22,22 @@ Two roles, each started by the local backend inside its own sandbox:
 
 from __future__ import annotations
 
+import gc
 import importlib
-import importlib.abc
 import importlib.machinery
-import importlib.util
 import json
 import mmap
 import os
 import pickle
-import platform
-import random
-import runpy
 import select
 import struct
 import sys
-import tempfile
 import types
+from importlib import _bootstrap_external
+from time import perf_counter as _clock
+
+# Every import here is paid by both processes of every evaluation, so only cheap ones: importlib.abc, tempfile and
+# platform took longer to import (about 15 ms) than the interpreter takes to start.
 
 MAX_LINE = 64 << 20
 """The longest answer the evaluator reads from the agent's process (bytes)."""
@@ -98,19 +98,23 @@ HEADER = 4096
 REQUEST_SEQ, REQUEST_ACK, ANSWER_SEQ, ANSWER_ACK, EVALUATOR_SLEEPS, AGENT_SLEEPS = 0, 64, 128, 192, 256, 320
 CHUNK_HEADER = struct.Struct("<IB")
 """Before each chunk in an area: its length and whether more chunks of the same message follow."""
-SPIN = 2000
-"""How many times a waiting process looks at the shared memory (a few tens of microseconds) before it sleeps on its
-doorbell: a peer that answers at once is seen without any system call, a slow one costs no CPU."""
-MIN_SPIN = 64
-"""The shortest spin: after waits that spinning did not shorten, a process still looks this often before sleeping, so
-that it learns when its peer answers fast again (each success doubles the spin, each failure halves it)."""
+SPIN = 0.0002
+"""How long (seconds) a waiting process first looks at the shared memory before it sleeps on its doorbell: a peer
+that answers within it is seen without any system call. Each process then adapts its own spin to its peer: a wait
+that ended within ``MAX_SPIN`` after a sleep makes the next spin at least twice as long (a sleep and a wake-up cost
+far more than such a wait), a longer wait halves it, down to ``MIN_SPIN``. Halving on every wait that outlasted the
+spin instead locked both processes into sleeping on every call as soon as the peer's work outgrew the spin."""
+MAX_SPIN = 0.002
+MIN_SPIN = 0.00002
+SPIN_ROUND = range(32)
+"""How many times a spinning process looks at the memory between two readings of the clock."""
 BUSY_CHECK = 4096
-"""Every this many waits, a process looks at the machine's load: when there are as many runnable processes as cores,
-it does not spin at all (a spinning process takes the core its peer, or anyone, needs), it sleeps at once."""
+"""Every this many waits, a process looks at the machine's load: when more processes are runnable than there are
+cores, it does not spin at all (a spinning process takes the core its peer, or anyone, needs), it sleeps at once."""
 NAP = 0.01
 """The longest a sleeping process waits before looking again, whatever the doorbell says (a wake-up lost to store
 reordering between the two processes costs at most this)."""
-ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+ORDERED = os.uname().machine.lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 """Whether this CPU keeps stores in order as other cores see them (x86): only then may a reader take a message it
 saw in memory without a doorbell's system call in between; elsewhere every message rings the doorbell."""
 
@@ -127,12 +131,28 @@ def _fence() -> None:
 
 
 def _machine_busy() -> bool:
-    """Whether the machine's recent load is at least its number of cores (True when it cannot tell)."""
+    """Whether other processes want this machine's cores (True when it cannot tell): more processes are runnable than
+    there are cores, besides the two ends of this link, in the least of three readings.
+
+    The instant count, not the load average: the two processes of one evaluation spinning on an idle 2-core machine
+    raise the load average to 2 within a minute, which would then stop them spinning for nothing; and the least of
+    a few readings, so that a process that runs for an instant (the driver reading output) does not count.
+    """
     try:
         cores = len(os.sched_getaffinity(0))
-        return os.getloadavg()[0] >= cores
-    except (AttributeError, OSError):
-        return True
+        running = min(_runnable() for _ in range(3))
+        return running > cores + 1
+    except (AttributeError, OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0] >= len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return True
+
+
+def _runnable() -> int:
+    """How many processes of the whole machine are runnable now (``/proc/loadavg``)."""
+    with open("/proc/loadavg", "rb") as handle:
+        return int(handle.read().split()[3].split(b"/")[0])
 
 
 class PeerGone(Exception):
@@ -172,25 +192,38 @@ class Link:
         self._wake, self._ring_fd = wake_fd, ring_fd
         os.set_blocking(ring_fd, False)
         self._sent = self._received = 0
-        self._spins = SPIN
+        self._spin = SPIN
         self._waits, self._busy = BUSY_CHECK, _machine_busy()
 
     def _wait(self, offset: int, want: int) -> None:
         """Until the byte at ``offset`` is ``want``: spin, then sleep on the doorbell."""
         memory = self._memory
+        if memory[offset] == want:
+            return
         self._waits -= 1
         if not self._waits:
             self._waits, self._busy = BUSY_CHECK, _machine_busy()
         if ORDERED and not self._busy:
-            spins = self._spins
-            while spins:
-                if memory[offset] == want:
-                    if self._spins < SPIN:
-                        self._spins <<= 1  # the peer answers while this one spins: spin longer next time
-                    return
-                spins -= 1
-            if self._spins > MIN_SPIN:
-                self._spins >>= 1  # the peer was busy (or the machine is): sleep sooner next time
+            start = _clock()
+            deadline = start + self._spin
+            while True:
+                for _ in SPIN_ROUND:
+                    if memory[offset] == want:
+                        return
+                if _clock() >= deadline:
+                    break
+            self._sleep(offset, want)
+            waited = _clock() - start
+            if waited < MAX_SPIN:
+                self._spin = min(MAX_SPIN, max(self._spin, 2 * waited))
+            elif self._spin > MIN_SPIN:
+                self._spin /= 2  # the peer works long between answers: spinning would only burn the core
+            return
+        self._sleep(offset, want)
+
+    def _sleep(self, offset: int, want: int) -> None:
+        """Until the byte at ``offset`` is ``want``, sleeping on the doorbell."""
+        memory = self._memory
         while True:
             memory[self._mine] = 1
             _fence()  # the flag is seen before the byte is read again (the peer fences the other way in _ring)
@@ -209,7 +242,8 @@ class Link:
         memory[self._mine] = 0
 
     def _ring(self) -> None:
-        _fence()  # what was just written is seen before the peer's sleep flag is read
+        _FENCE_LOCK.acquire()  # _fence(), inline: what was just written is seen before the peer's sleep flag is read
+        _FENCE_LOCK.release()
         if not ORDERED or self._memory[self._peer]:
             try:
                 os.write(self._ring_fd, b"\0")
@@ -220,7 +254,17 @@ class Link:
 
     def send(self, data: bytes) -> None:
         """Write one message (any length), chunk by chunk as the reader takes them."""
-        memory, chunk, total, position = self._memory, self._chunk, len(data), 0
+        memory, total = self._memory, len(data)
+        if total <= self._chunk and memory[self._out_ack] == self._sent:
+            # the common case, without a wait: one chunk, and the reader took the previous message
+            out = self._out
+            CHUNK_HEADER.pack_into(memory, out, total, 0)
+            memory[out + CHUNK_HEADER.size:out + CHUNK_HEADER.size + total] = data
+            self._sent = sent = (self._sent + 1) & 255
+            memory[self._out_seq] = sent
+            self._ring()
+            return
+        chunk, position = self._chunk, 0
         while True:
             self._wait(self._out_ack, self._sent)  # the reader took the previous chunk: the area is free
             piece = data[position:position + chunk] if position or total > chunk else data
@@ -248,12 +292,15 @@ class Link:
             piece = memory[start:start + length]
             self._received = want
             memory[self._in_ack] = want
-            self._ring()
             if not more:
+                # the writer does not wait for the last chunk's acknowledgement: its next message follows this
+                # one's answer, so on x86 the ack is seen by then without a doorbell
+                self._ring()
                 if not parts:
                     return piece
                 parts.append(piece)
                 return b"".join(parts)
+            self._ring()
             parts.append(piece)
             total += length
 
@@ -307,15 +354,31 @@ def unpack_answer(data: bytes):
         raise AgentCodeError(data[1:].decode("utf-8", "replace"))
     if tag == b"J":
         try:
-            return decode(json.loads(data[1:]))
+            value = _without_collections(json.loads, data[1:])
+            if b'"__tuple__"' in data or b'"__pairs__"' in data:
+                return decode(value)
+            return value  # nothing was marked: JSON's own types are the values (a map of 10,000 moves decodes in C)
         except (ValueError, RecursionError):
             pass
     raise AgentCodeError("the agent's code answered with something that is not a value")
 
 
+def _without_collections(load, data):
+    """``load(data)`` with the garbage collector off. A message can hold many thousands of small containers (a
+    ``map`` over games' histories, or its answers), and the collections their making triggers cost more than making
+    them (5x for 10,000 histories); what a loader makes holds no cycles to collect."""
+    if not gc.isenabled():
+        return load(data)
+    gc.disable()
+    try:
+        return load(data)
+    finally:
+        gc.enable()
+
+
 # -- requests: pickles from the evaluator, with the calls of a function on a growing list sent as what is new --------
-CALL = struct.Struct("<Hi")
-"""After ``b"C"``: the function's number and how many items of its previous list argument to keep (-1: none, the
+CALL = struct.Struct("<cHi")
+"""``b"C"``, then the function's number and how many items of its previous list argument to keep (-1: none, the
 pickle holds ``(args, kwargs)``; else the pickle holds the items to append)."""
 MAX_FUNCTIONS = 1 << 16
 _ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
@@ -375,15 +438,24 @@ class AgentChannel:
             number = len(self._functions)
             self.ask(op="bind", module=module, name=name, number=number)
             self._functions[module, name] = number
+        frame = None
         if not kwargs and len(args) == 1 and type(args[0]) is list:
             frame = self._delta(number, args[0])
-        else:
-            frame = None
         if frame is None:
             self._lists.pop(number, None)
-            frame = b"C" + CALL.pack(number, -1) + pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-        self._send(frame)
-        return self._answer()
+            frame = CALL.pack(b"C", number, -1) + pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self._link.send(frame)
+            data = self._link.receive(MAX_LINE)
+        except (PeerGone, OSError, ValueError, Malformed) as exc:
+            self._lost(exc)
+        if data[:1] == b"I" and len(data) == 9:
+            return INT.unpack_from(data, 1)[0]  # the common answer, a move: unpack_answer's first case, inline
+        try:
+            return unpack_answer(data)
+        except AgentCodeError:
+            self.failed = True
+            raise
 
     def _delta(self, number: int, items: list) -> bytes | None:
         """The frame of a call on the list ``items``, sent as a change to the previous one; None when an item is
@@ -402,7 +474,14 @@ class AgentChannel:
             self._lists[number] = held = []
         del held[keep:]
         held += tail
-        return b"C" + CALL.pack(number, keep) + pickle.dumps(tail, protocol=pickle.HIGHEST_PROTOCOL)
+        return CALL.pack(b"C", number, keep) + pickle.dumps(tail, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _lost(self, exc: BaseException):
+        """Raise the ``AgentCodeError`` for a link that failed with ``exc``."""
+        self.failed = True
+        if isinstance(exc, Malformed):
+            raise AgentCodeError("the agent's code answered with something that is not a value") from None
+        raise AgentCodeError(f"the process running the agent's code is gone ({exc or 'it ended'})") from None
 
     def _send(self, frame: bytes) -> None:
         try:
@@ -478,7 +557,9 @@ class AgentModule(types.ModuleType):
         return self._channel.ask(op="get", module=self.__name__, name=attribute)
 
 
-class _AgentLoader(importlib.abc.Loader):
+class _AgentLoader:
+    """Makes the modules of the agent's (``AgentModule``): their code runs in the other process."""
+
     def __init__(self, channel: AgentChannel):
         self.channel = channel
 
@@ -491,7 +572,16 @@ class _AgentLoader(importlib.abc.Loader):
         self.channel.ask(op="import", module=module.__name__)
 
 
-class EvaluationFinder(importlib.abc.MetaPathFinder):
+class PristineLoader(importlib.machinery.SourceFileLoader):
+    """Loads a pristine evaluation file from its source, never from a bytecode cache beside it: the ``__pycache__``
+    of the workspace is the agent's, which could hold a ``.pyc`` whose header matches the pristine file."""
+
+    def get_code(self, fullname):
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+
+class EvaluationFinder:
     """Decides, for every import of the evaluator, between the pristine file, the agent's process and the system."""
 
     def __init__(self, workspace: str, trusted: list[str], channel: AgentChannel | None, system_path: list[str]):
@@ -518,9 +608,10 @@ class EvaluationFinder(importlib.abc.MetaPathFinder):
         """The pristine file itself: never a package or bytecode of the same name that the agent put beside it."""
         path = os.path.join(self.workspace, relative)
         if relative.endswith(".py"):
-            return importlib.util.spec_from_file_location(name, path)
-        return importlib.util.spec_from_file_location(
-            name, os.path.join(path, "__init__.py"), submodule_search_locations=[path]
+            return _bootstrap_external.spec_from_file_location(name, path, loader=PristineLoader(name, path))
+        init = os.path.join(path, "__init__.py")
+        return _bootstrap_external.spec_from_file_location(
+            name, init, loader=PristineLoader(name, init), submodule_search_locations=[path]
         )
 
     def _in_workspace(self, name: str) -> bool:
@@ -543,12 +634,14 @@ def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], stat
         memory_fd, wake_fd, ring_fd = (int(x) for x in fds.split(","))
         channel = AgentChannel(memory_fd, wake_fd, ring_fd)
     system_path = [p for p in sys.path if p and os.path.abspath(p) != os.path.abspath(workspace)]
-    # byte code is read and written only in a private folder: a __pycache__ of the agent's never stands in for a
-    # pristine source
-    sys.pycache_prefix = tempfile.mkdtemp(prefix="pycache-")
+    # byte code: the pristine files load from source (PristineLoader), everything else from the system folders,
+    # whose caches the interpreter reads as usual (a private cache folder would compile numpy and the like anew at
+    # every evaluation); the script itself runs from source, as ``python script.py`` does
     sys.meta_path.insert(0, EvaluationFinder(workspace, trusted, channel, system_path))
     sys.argv = list(argv)
     status = os.fdopen(status_fd, "w", encoding="utf-8") if status_fd is not None else None
+    import runpy  # here, not at the top: the agent's process has no use for it
+
     try:
         runpy.run_path(argv[0], run_name="__main__")
     except BaseException as exc:
@@ -598,6 +691,8 @@ def serve(workspace: str, memory_fd: int, seed: int | None = None) -> None:
     os.dup2(devnull, 1)  # what the agent's code prints goes nowhere: only answers cross
     sys.path.insert(0, workspace)
     if seed is not None:
+        import random
+
         random.seed(seed)
     functions: dict[int, tuple[types.ModuleType, str]] = {}
     lists: dict[int, list] = {}
@@ -607,7 +702,7 @@ def serve(workspace: str, memory_fd: int, seed: int | None = None) -> None:
             if frame[:1] == b"C":
                 answer = _call(frame, functions, lists)
             else:
-                answer = _pack_answer(_answer(pickle.loads(frame[1:]), seed, functions))
+                answer = _pack_answer(_answer(_unpickle(frame[1:]), seed, functions))
             link.send(answer)
         except PeerGone:
             return
@@ -616,8 +711,8 @@ def serve(workspace: str, memory_fd: int, seed: int | None = None) -> None:
 def _call(frame: bytes, functions: dict, lists: dict) -> bytes:
     """The answer to a ``b"C"`` frame (see ``AgentChannel.call``)."""
     try:
-        number, keep = CALL.unpack_from(frame, 1)
-        payload = pickle.loads(memoryview(frame)[1 + CALL.size:])
+        _, number, keep = CALL.unpack_from(frame)
+        payload = _unpickle(memoryview(frame)[CALL.size:])
         module, name = functions[number]
         if keep < 0:
             lists.pop(number, None)
@@ -634,6 +729,11 @@ def _call(frame: bytes, functions: dict, lists: dict) -> bytes:
         return pack_value(result)
     except BaseException as exc:  # noqa: BLE001 - the agent's code may raise anything, SystemExit included
         return _failure(exc)
+
+
+def _unpickle(data):
+    """``pickle.loads`` of a request (from the trusted evaluator) without garbage collections."""
+    return _without_collections(pickle.loads, data)
 
 
 def _failure(exc: BaseException) -> bytes:
