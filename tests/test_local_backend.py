@@ -166,6 +166,37 @@ def test_guarded_edit_validate_submit(backend):
     assert info["score"] == [{"Score": 5.0}, {"Score": 5.0}]
 
 
+def test_the_next_evaluation_is_started_ahead_and_scores_the_workspace_as_it_is_at_validate(tmp_path):
+    """After a validate the episode's next evaluation waits, started (its sandboxes and interpreters up, the modules
+    the last one imported loaded); it scores what the workspace holds when the agent validates again, and reset and
+    close end it."""
+    spec = tiny_spec(tmp_path)
+    evaluate = Path(spec.root) / "evaluate.py"
+    evaluate.write_text("import fractions\n" + evaluate.read_text())
+    backend = LocalBackend(spec)
+    backend.reset()
+    backend.install_tools()
+    assert backend.step("validate")[3]["score"] == [{"Score": 3.0}]
+    started = backend._res.evaluation
+    assert started is not None and started.waiting()
+    assert not any(started.agent_view.iterdir()) and not any(started.eval_view.iterdir())  # nothing copied yet
+    assert "fractions" in backend._preload and "--preload" in started.proc.args
+    backend.step('open "strategy.py"')
+    backend.step(DEFECT)
+    assert backend.step("validate")[3]["score"] == [{"Score": 3.0}, {"Score": 5.0}]
+    assert started.proc.poll() is not None and not started.scratch.exists()  # used, then ended
+    following = backend._res.evaluation
+    assert following is not None and following is not started and following.waiting()
+    backend.reset()  # a new episode, with another evaluation seed: what was started for the last one ends
+    assert following.proc.poll() is not None and following.runner.poll() is not None
+    assert backend._res.evaluation is None and not following.scratch.exists()
+    backend.install_tools()
+    backend.step("validate")
+    last = backend._res.evaluation
+    backend.close()
+    assert last.proc.poll() is not None and last.runner.poll() is not None
+
+
 def test_validate_without_baseline(tmp_path):
     with LocalBackend(tiny_spec(tmp_path, baseline_scores=[])) as env:
         env.reset()

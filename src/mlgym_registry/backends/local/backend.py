@@ -37,6 +37,7 @@ from .evaluation import (
     EvaluationFormatError,
     Evaluator,
     InvalidMetrics,
+    Started,
     SubmissionNotFoundError,
     force_rmtree,
 )
@@ -128,6 +129,8 @@ class _Resources:
         """The workspace folder (device, inode) that ``warm``'s sandbox mounted."""
         self.spare_cgroup: limits_mod.PidsCgroup | None = None
         self.spare_memory: limits_mod.MemoryCgroup | None = None
+        self.evaluation: Started | None = None
+        """The episode's next evaluation, started ahead after the previous one (see ``Evaluator.start``)."""
 
     def stop_session(self) -> None:
         if self.session is not None:
@@ -139,6 +142,11 @@ class _Resources:
             self.warm.kill()
             self.warm = None
 
+    def stop_evaluation(self) -> None:
+        if self.evaluation is not None:
+            self.evaluation.end()
+            self.evaluation = None
+
     def swap_cgroups(self) -> None:
         """The spare cgroups (the warm shell's) become the session's, and the session's the spare ones."""
         self.cgroup, self.spare_cgroup = self.spare_cgroup, self.cgroup
@@ -149,7 +157,7 @@ class _Resources:
         fails is warned about and the others are still released."""
         if os.getpid() != self.owner:
             return  # a forked child inherited this finalizer: the resources belong to the parent
-        for part in (self.stop_session, self.stop_warm, self._remove_cgroups, self._remove_root):
+        for part in (self.stop_session, self.stop_warm, self.stop_evaluation, self._remove_cgroups, self._remove_root):
             try:
                 part()
             except Exception as exc:  # noqa: BLE001 - reported, and the rest is released anyway
@@ -346,6 +354,10 @@ class LocalBackend:
         self._bash = "/bin/bash" if os.path.exists("/bin/bash") else (shutil.which("bash") or "bash")
         self._warm_shells = self.sandboxed and self._make_spare_cgroups()
         """Whether each reset starts the next episode's shell ahead (sandboxed only: see ``reset``)."""
+        self._warm_evaluations = True
+        """Whether each validate starts the episode's next evaluation ahead (``_start_next_evaluation``)."""
+        self._preload: list[str] = []
+        """The system modules the task's last finished evaluation imported: the next one's evaluator preloads them."""
 
     @staticmethod
     def check_available(*, sandbox: str = "bwrap", **_options: Any) -> None:
@@ -375,6 +387,7 @@ class LocalBackend:
             self.seed, self.episode = seed, -1
         self.episode += 1
         self._episode_seeds = seeding.EpisodeSeeds.draw(self.seed, self.episode)
+        self._res.stop_evaluation()  # it holds the last episode's seed
         self._res.stop_session()
         self.current_step = 0
         self.returncode = None
@@ -550,8 +563,29 @@ class LocalBackend:
     def _evaluate(self, info: dict[str, Any], action: str) -> tuple[str, float, bool, dict[str, Any]]:
         """MLGym's outcomes table for validate, submit and autosubmission."""
         assert self.task is not None, "call reset() before step()"
+        evaluator = self._evaluator()
+        started, self._res.evaluation = self._res.evaluation, None
         try:
-            metrics, submission = self._evaluator().evaluate(freeze=self._freeze_agent)
+            return self._outcome(info, action, evaluator, started)
+        finally:
+            if evaluator.last_modules:
+                self._preload = evaluator.last_modules
+            if action == "validate" and self._warm_evaluations:
+                self._start_next_evaluation(evaluator)
+
+    def _start_next_evaluation(self, evaluator: Evaluator) -> None:
+        """Start the episode's next evaluation now (``Evaluator.start``), so that the next validate need not wait for
+        two sandboxes and interpreters, nor for the modules the last one imported (numpy, ...)."""
+        try:
+            self._res.evaluation = evaluator.start(self._preload)
+        except (OSError, subprocess.SubprocessError):
+            self._res.evaluation = None  # the next validate starts its own
+
+    def _outcome(
+        self, info: dict[str, Any], action: str, evaluator: Evaluator, started: Started | None
+    ) -> tuple[str, float, bool, dict[str, Any]]:
+        try:
+            metrics, submission = evaluator.evaluate(freeze=self._freeze_agent, started=started)
         except EvaluationFailure as exc:
             info[EVALUATION_STATUS_KEY] = exc.status
             if exc.status == INFRA_ERROR:

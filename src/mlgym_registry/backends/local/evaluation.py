@@ -89,6 +89,65 @@ def format_error(output: str, status: str = INVALID_SUBMISSION) -> EvaluationFor
     )
 
 
+@dataclass
+class Started:
+    """An evaluation's processes, started before its workspace views are filled: the evaluator (and, for tasks that
+    call the agent's code, the process that runs it), each waiting for its go on a pipe. ``end`` kills whatever of
+    them runs, closes their pipes and deletes their folder; it is safe to call more than once."""
+
+    scratch: Path
+    agent_view: Path
+    eval_view: Path
+    shown_eval_view: str = ""
+    proc: subprocess.Popen | None = None
+    runner: subprocess.Popen | None = None
+    go: int | None = None  # the evaluator's go pipe (write end)
+    runner_go: int | None = None  # the agent's process's
+    status_read: int | None = None
+
+    def waiting(self) -> bool:
+        """Whether every process is still there, waiting for its go."""
+        return (self.go is not None and self.proc is not None and self.proc.poll() is None
+                and (self.runner is None or self.runner.poll() is None))
+
+    def go_on(self, argv: list[str], trusted: list[str]) -> None:
+        """Tell the processes to run: the evaluator gets the command line of its script and the trusted modules."""
+        message = (json.dumps({"argv": argv, "trusted": trusted}) + "\n").encode()
+        for fd, data in ((self.runner_go, b"go\n"), (self.go, message)):
+            if fd is not None:
+                try:
+                    os.write(fd, data)
+                except OSError:
+                    pass  # it died while waiting: the evaluation then reads no output and reports it
+
+    def stop(self) -> None:
+        """Kill both processes and everything they started."""
+        self._close_go()
+        for process in (self.proc, self.runner):
+            if process is not None:
+                _end(process)
+
+    def read_status(self) -> dict | None:
+        """How the script ended, as the harness reported it (after ``stop``)."""
+        fd, self.status_read = self.status_read, None
+        return _read_status(fd) if fd is not None else None
+
+    def end(self) -> None:
+        """Kill everything, close every pipe, delete the views."""
+        self.stop()
+        if self.status_read is not None:
+            os.close(self.status_read)
+            self.status_read = None
+        _force_rmtree(self.scratch)
+
+    def _close_go(self) -> None:
+        for name in ("go", "runner_go"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
+
 Wrap = Callable[[list[str], Path], list[str]]
 """Turns a command into one that runs sandboxed with a folder shown as the workspace (identity when unsandboxed)."""
 
@@ -124,6 +183,8 @@ class Evaluator:
     limit_events: Callable[[], int] | None = None
     """Counts the env's memory and process-limit events so far: one during the evaluation makes a failure the
     agent's (its processes used up what the evaluator needed), never the infrastructure's."""
+    last_modules: list[str] = field(default_factory=list)
+    """The system modules the last finished evaluation imported (the harness reports them): what to preload."""
     agent_modules: frozenset[str] = frozenset()
     """Top-level module names the task gives the agent (its starter code): a failed import of one of them is the
     agent's doing (it removed the module), of any other name a missing package."""
@@ -133,14 +194,18 @@ class Evaluator:
         """The workspace's path as the agent and its observations name it."""
         return self.workspace_path or str(self.workspace)
 
-    def evaluate(self, freeze: Callable[[], AbstractContextManager[None]] | None = None) -> tuple[Any, str]:
+    def evaluate(
+        self, freeze: Callable[[], AbstractContextManager[None]] | None = None, started: Started | None = None
+    ) -> tuple[Any, str]:
         """``(metrics, submission_path)``, or an ``EvaluationFailure`` whose ``status`` says whose failure it was.
 
-        ``freeze`` keeps the agent's processes still while the workspace is copied.
+        ``freeze`` keeps the agent's processes still while the workspace is copied. ``started``: processes this
+        evaluator's ``start`` made ahead of time, which this evaluation uses (and ends) if they still wait; without
+        them (or when they died), it starts its own.
         """
         events = self.limit_events() if self.limit_events is not None else 0
         try:
-            metrics, submission = self._evaluate(freeze)
+            metrics, submission = self._evaluate(freeze, started)
         except EvaluationFailure as exc:
             if exc.status == INFRA_ERROR and self._limits_hit(events):
                 exc.status = AGENT_ERROR
@@ -163,20 +228,27 @@ class Evaluator:
         model tasks), an invalid submission when it only read the agent's file."""
         return INVALID_SUBMISSION if self.entrypoint == "CSVSubmissionTasks" else AGENT_ERROR
 
-    def _evaluate(self, freeze: Callable[[], AbstractContextManager[None]] | None) -> tuple[Any, str]:
+    def _evaluate(
+        self, freeze: Callable[[], AbstractContextManager[None]] | None, started: Started | None
+    ) -> tuple[Any, str]:
         if self.entrypoint not in SUPPORTED:
+            if started is not None:
+                started.end()
             raise EvaluationUnsupported(
                 f"the local backend cannot evaluate {self.entrypoint} tasks (it supports "
                 f"{', '.join(SUPPORTED)}); run this task with the 'mlgym' backend (MLGym in a container) instead."
             )
-        submission = self._find_submission()
-        scratch = Path(tempfile.mkdtemp(prefix="eval-", dir=self.scratch_root))
+        self._deadline = time.monotonic() + self.timeout  # the time limit covers copying the workspace too
+        if started is None or not started.waiting():
+            if started is not None:
+                started.end()
+            started = self.start()  # before the copy: the sandboxes and interpreters start while it is made
         try:
-            agent_view, eval_view = scratch / "agent", scratch / "eval"
-            self._deadline = time.monotonic() + self.timeout  # the time limit covers copying the workspace too
+            submission = self._find_submission()
+            agent_view, eval_view = started.agent_view, started.eval_view
             with freeze() if freeze is not None else contextlib.nullcontext():
                 _snapshot(self.workspace, agent_view, skip=set(self.pristine), budget=trees.CopyBudget(
-                    self.max_snapshot_bytes, self.max_snapshot_files, self._deadline))
+                    self.max_snapshot_bytes, self.max_snapshot_files, self._deadline), into_empty=True)
             for relative, source in self.pristine.items():
                 if relative not in self.secrets:
                     _restore(source, agent_view / relative)
@@ -192,9 +264,10 @@ class Evaluator:
                 argv += ["--submission_file", str(relative_submission)]
             elif self.entrypoint == "ModelSubmissionTasks":
                 argv += ["--config_fname", str(relative_submission)]
-            output, ended = self._run(argv, agent_view, eval_view)
+            output, ended = self._run(started, argv)
         finally:
-            _force_rmtree(scratch)
+            started.end()
+        self.last_modules = [m for m in (ended or {}).get("modules", []) if isinstance(m, str) and m.isidentifier()]
         return self._parse(output, ended), submission
 
     def _find_submission(self) -> str:
@@ -253,73 +326,90 @@ class Evaluator:
                 paths.add(first + "/")
         return sorted(paths)
 
-    def _run(self, argv: list[str], agent_view: Path, eval_view: Path) -> tuple[str, dict | None]:
-        """Run the evaluator (and, for tasks that import the agent's code, that code's process); its output and how
-        the evaluation script ended as the harness reported it (None when it did not)."""
+    def start(self, preload: list[str] | tuple[str, ...] = ()) -> Started:
+        """Start this evaluation's processes ahead of its workspace: each in its sandbox, showing an empty view that
+        the evaluation fills, waiting for its go (``harness.py --go-fd``). The evaluator's first imports the modules
+        ``preload`` names, from the system folders only (the view is empty), as the previous evaluation did: an
+        evaluation that imports numpy no longer waits for it. ``evaluate(started=...)`` uses them."""
+        scratch = Path(tempfile.mkdtemp(prefix="eval-", dir=self.scratch_root))
+        agent_view, eval_view = scratch / "agent", scratch / "eval"
+        agent_view.mkdir()
+        eval_view.mkdir()
+        started = Started(scratch, agent_view, eval_view)
+        try:
+            self._launch(started, list(preload))
+        except BaseException:
+            started.end()
+            raise
+        return started
+
+    def _launch(self, started: Started, preload: list[str]) -> None:
         wrap = self.wrap or (lambda command, _view: command)
         sandboxed = self.workspace_path is not None  # each view is then shown at the agent's workspace path
 
         def inside(view: Path) -> str:
             return self.workspace_path if sandboxed else str(view)  # type: ignore[return-value]
 
+        started.shown_eval_view = inside(started.eval_view)
         harness = harness_path(sandboxed=sandboxed)
         agent_env = {**self.env, "PYTHONDONTWRITEBYTECODE": "1"}
         env = {**agent_env, **self.extra_env}  # the evaluator's own: what it holds never reaches the agent's code
         seed_option = ["--seed", str(self.agent_seed)] if self.agent_seed is not None else []
         isolate = self.entrypoint != "ModelSubmissionTasks"  # model tasks load the agent's network code in-process
-        runner = None
         fds: tuple[int, ...] = ()
         if isolate:
             # the channel (see harness.Link): a sealed shared memory region, and a doorbell pipe into each process
             memory = channel_memory()
             agent_wake, ring_agent = os.pipe()
             evaluator_wake, ring_evaluator = os.pipe()
+            runner_go, started.runner_go = os.pipe()
             try:
-                runner = subprocess.Popen(
-                    wrap([self.python, "-I", harness, "serve", "--workspace", inside(agent_view),
-                          "--memory-fd", str(memory), *seed_option], agent_view),
-                    stdin=agent_wake, stdout=ring_evaluator, stderr=subprocess.DEVNULL, cwd=str(agent_view),
-                    env=agent_env, start_new_session=True, preexec_fn=self.preexec, pass_fds=(memory,),
+                started.runner = subprocess.Popen(
+                    wrap([self.python, "-I", harness, "serve", "--workspace", inside(started.agent_view),
+                          "--memory-fd", str(memory), "--go-fd", str(runner_go), *seed_option], started.agent_view),
+                    stdin=agent_wake, stdout=ring_evaluator, stderr=subprocess.DEVNULL, cwd=str(started.agent_view),
+                    env=agent_env, start_new_session=True, preexec_fn=self.preexec, pass_fds=(memory, runner_go),
                 )
             except BaseException:
                 for fd in (memory, evaluator_wake, ring_agent):
                     os.close(fd)
                 raise
             finally:
-                os.close(agent_wake)
-                os.close(ring_evaluator)
+                for fd in (agent_wake, ring_evaluator, runner_go):
+                    os.close(fd)
             fds = (memory, evaluator_wake, ring_agent)
         # how the script ended comes back on a pipe of its own (the agent's code, in the other process, cannot
         # reach it); model tasks run the agent's code in the evaluator's process, so they get none
-        status_read, status_write = os.pipe() if isolate else (None, None)
+        status_write = None
+        if isolate:
+            started.status_read, status_write = os.pipe()
+        go, started.go = os.pipe()
         status_option = ["--status-fd", str(status_write)] if status_write is not None else []
-        command = [self.python, "-I", harness, "evaluate", "--workspace", inside(eval_view),
-                   "--trusted", ",".join(self._trusted_modules()) or ",",
-                   "--fds", ",".join(map(str, fds)) or ",", *status_option, "--",
-                   f"{inside(eval_view)}/{argv[0]}", *argv[1:]]
-        passed = fds + ((status_write,) if status_write is not None else ())
+        preload_option = ["--preload", ",".join(preload)] if preload else []
+        command = [self.python, "-I", harness, "evaluate", "--workspace", inside(started.eval_view),
+                   "--fds", ",".join(map(str, fds)) or ",", "--go-fd", str(go), *status_option, *preload_option]
+        passed = (*fds, go, *((status_write,) if status_write is not None else ()))
         try:
-            proc = subprocess.Popen(
-                wrap(command, eval_view), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, cwd=str(eval_view), env=env, start_new_session=True,
+            started.proc = subprocess.Popen(
+                wrap(command, started.eval_view), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, cwd=str(started.eval_view), env=env, start_new_session=True,
                 preexec_fn=self.preexec, pass_fds=passed,
             )
-        except BaseException:
-            if status_read is not None:
-                os.close(status_read)
-            raise
         finally:
             for fd in passed:
                 os.close(fd)
+
+    def _run(self, started: Started, argv: list[str]) -> tuple[str, dict | None]:
+        """Let the started processes go on ``argv`` (the script, relative to the workspace, and its arguments); the
+        evaluator's output, and how the script ended as the harness reported it (None when it did not)."""
+        started.go_on([f"{started.shown_eval_view}/{argv[0]}", *argv[1:]], self._trusted_modules())
         try:
-            output = self._collect(proc)
+            output = self._collect(started.proc)
         finally:
-            for process in (proc, runner):
-                if process is not None:
-                    _end(process)
-            ended = _read_status(status_read) if status_read is not None else None
-        if not sandboxed:
-            output = output.replace(str(eval_view), self.shown_workspace)
+            started.stop()
+        ended = started.read_status()
+        if self.workspace_path is None:
+            output = output.replace(str(started.eval_view), self.shown_workspace)
         return output, ended
 
     def _collect(self, proc: subprocess.Popen) -> str:
@@ -401,7 +491,9 @@ def _end(proc: subprocess.Popen) -> None:
         pass
 
 
-def _snapshot(source: Path, target: Path, skip: set[str], budget: trees.CopyBudget | None = None) -> None:
+def _snapshot(
+    source: Path, target: Path, skip: set[str], budget: trees.CopyBudget | None = None, *, into_empty: bool = False
+) -> None:
     """Copy the workspace into ``target``, leaving out ``skip`` paths, without ever following a link of the agent's.
 
     The copy runs as the driver's user (often root) over a folder the agent controls: see ``trees.copy_tree`` (names
@@ -411,7 +503,7 @@ def _snapshot(source: Path, target: Path, skip: set[str], budget: trees.CopyBudg
     """
     budget = budget if budget is not None else trees.CopyBudget()
     try:
-        trees.copy_tree(source, target, skip, budget)
+        trees.copy_tree(source, target, skip, budget, into_empty=into_empty)
     except trees.TooLarge as exc:
         raise WorkspaceTooLarge(
             f"The workspace is too large to evaluate: {exc}. An evaluation copies the workspace first; delete what "
@@ -434,7 +526,7 @@ def _link_tree(source: Path, target: Path) -> None:
         except OSError:
             shutil.copy2(src, dst)
 
-    shutil.copytree(source, target, symlinks=True, copy_function=link)
+    shutil.copytree(source, target, symlinks=True, copy_function=link, dirs_exist_ok=True)
 
 
 def _restore(source: Path, target: Path) -> None:

@@ -73,8 +73,9 @@ def _megabytes(count: int) -> str:
 
 
 # -- copying ----------------------------------------------------------------------------------------------------------
-def copy_tree(source: Path, target: Path, skip: set[str], budget: CopyBudget) -> None:
-    """Copy the folder ``source`` to the new folder ``target``, leaving out the relative paths in ``skip``.
+def copy_tree(source: Path, target: Path, skip: set[str], budget: CopyBudget, *, into_empty: bool = False) -> None:
+    """Copy the folder ``source`` to the new folder ``target`` (with ``into_empty``: into the empty folder ``target``,
+    which a sandbox may already show), leaving out the relative paths in ``skip``.
 
     Names are opened relative to their folder's descriptor with ``O_NOFOLLOW``, so a file or folder swapped for a
     link between listing and opening is left out rather than read through the link. Plain files keep their mode and
@@ -84,7 +85,11 @@ def copy_tree(source: Path, target: Path, skip: set[str], budget: CopyBudget) ->
     """
     links: list[str] = []
     root_fd = os.open(source, _DIR_FLAGS)
-    os.mkdir(target)
+    if not into_empty:
+        os.mkdir(target)
+    elif os.listdir(target):
+        os.close(root_fd)
+        raise FileExistsError(f"{target} is not empty")
     stack: list[tuple[int, Path, str, os.ScandirIterator]] = [(root_fd, target, "", os.scandir(root_fd))]
     try:
         while stack:

@@ -3,15 +3,18 @@
 Two roles, each started by the local backend inside its own sandbox:
 
 ``harness.py evaluate --workspace DIR --trusted PATHS --fds M,WAKE,RING -- SCRIPT ARGS...``
+    (or, started ahead of its workspace, ``--go-fd G [--preload MODULES]``: it imports ``MODULES`` and waits for one
+    JSON line on ``G`` with the script's ``argv`` and the ``trusted`` paths)
     Runs the pristine evaluation script as ``__main__``. Its top-level imports resolve as follows: a trusted name (an
     evaluation or protected file of the task, given by its path) loads that exact pristine file, from source; a name
     the workspace defines in any form (source, bytecode, package) and the standard library or site-packages do not is
     the *agent's* module, which never runs here: it is a proxy whose functions call the ``serve`` process over the
     channel; any other name loads from the standard library and site-packages, never from the workspace (a ``random.py``
-    of the agent's shadows nothing). Byte code is cached in a private folder only. So agent code can neither rebind
+    of the agent's shadows nothing). Pristine files load from their source, never from a bytecode cache the agent
+    could have written. So agent code can neither rebind
     the evaluator's objects, nor exit it early, nor print into its output, which is the score's channel.
 
-``harness.py serve --workspace DIR --memory-fd M``
+``harness.py serve --workspace DIR --memory-fd M [--go-fd G]``
     Imports the agent's modules and answers calls. Both processes share one memory region (a sealed memfd, ``M``,
     see ``Link``): requests are written into one half (pickles, from the trusted evaluator), answers into the other
     (tagged bytes: struct-packed ints and lists of ints, else JSON with tuples marked). Whatever the agent's process
@@ -647,7 +650,26 @@ def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], stat
     except BaseException as exc:
         _report(status, run_status(exc, channel))
         raise
-    _report(status, {"status": "finished"})
+    _report(status, {"status": "finished", "modules": system_modules(workspace, trusted)})
+
+
+STARTUP_MODULES = frozenset(sys.modules)
+
+
+def system_modules(workspace: str, trusted: list[str]) -> list[str]:
+    """The top-level modules of the system folders (not the workspace's, not the agent's) imported since this
+    process started, at most 64: the backend has the next evaluation of the task preload them."""
+    skip = {_module_name(path) for path in trusted} | {"__main__"}
+    names = set()
+    for name, module in list(sys.modules.items()):
+        top = name.partition(".")[0]
+        if name != top or top in STARTUP_MODULES or top in skip or top.startswith("_"):
+            continue
+        origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
+        if isinstance(module, AgentModule) or origin.startswith(workspace):
+            continue
+        names.add(top)
+    return sorted(names)[:64]
 
 
 def run_status(exc: BaseException, channel: AgentChannel | None) -> dict:
@@ -784,6 +806,34 @@ def _answer(request: dict, seed: int | None, functions: dict | None = None) -> d
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def wait_for_go(fd: int) -> dict | None:
+    """Block until the backend's go arrives on ``fd`` (one line: JSON for the evaluator); None when the backend closed
+    the pipe without one (the started evaluation was not needed)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return None
+        data += chunk
+    os.close(fd)
+    try:
+        message = json.loads(data)
+    except ValueError:
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def preload(names: list[str]) -> None:
+    """Import the system modules ``names`` (what the previous evaluation of the task imported) before the
+    workspace is there: its view is still empty, so nothing of the agent's can stand in for them."""
+    for name in names:
+        if name.isidentifier():
+            try:
+                importlib.import_module(name)
+            except BaseException:  # noqa: BLE001 - a module that fails now fails again, visibly, when the script imports it
+                sys.modules.pop(name, None)
+
+
 def main(argv: list[str]) -> None:
     """Command line: see the module's docstring."""
     role, rest = argv[0], argv[1:]
@@ -791,13 +841,24 @@ def main(argv: list[str]) -> None:
     while rest and rest[0] != "--":
         options[rest[0].lstrip("-")] = rest[1]
         rest = rest[2:]
+    go_fd = int(options["go-fd"]) if options.get("go-fd", "").isdigit() else None
     if role == "serve":
+        if go_fd is not None and wait_for_go(go_fd) is None:
+            return
         seed = int(options["seed"]) if options.get("seed", "").isdigit() else None
         serve(options["workspace"], int(options["memory-fd"]), seed)
-    else:
-        trusted = [n for n in options.get("trusted", "").split(",") if n]
-        status_fd = int(options["status-fd"]) if options.get("status-fd", "").isdigit() else None
-        evaluate(options["workspace"], trusted, options.get("fds", ""), rest[1:], status_fd)
+        return
+    trusted = [n for n in options.get("trusted", "").split(",") if n]
+    status_fd = int(options["status-fd"]) if options.get("status-fd", "").isdigit() else None
+    script = rest[1:]
+    if go_fd is not None:
+        preload([n for n in options.get("preload", "").split(",") if n])
+        message = wait_for_go(go_fd)
+        if message is None:
+            return
+        script = [str(a) for a in message.get("argv", [])]
+        trusted = [str(t) for t in message.get("trusted", [])]
+    evaluate(options["workspace"], trusted, options.get("fds", ""), script, status_fd)
 
 
 if __name__ == "__main__":
