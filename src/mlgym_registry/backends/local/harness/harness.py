@@ -295,15 +295,12 @@ class Link:
             piece = memory[start:start + length]
             self._received = want
             memory[self._in_ack] = want
+            self._ring()
             if not more:
-                # the writer does not wait for the last chunk's acknowledgement: its next message follows this
-                # one's answer, so on x86 the ack is seen by then without a doorbell
-                self._ring()
                 if not parts:
                     return piece
                 parts.append(piece)
                 return b"".join(parts)
-            self._ring()
             parts.append(piece)
             total += length
 
@@ -316,6 +313,8 @@ _INT_LISTS = {n: struct.Struct(f"<{n}q") for n in range(65)}
 
 def pack_value(value) -> bytes:
     """An answer's value as bytes: ints and lists of ints struct-packed, other values as JSON (``encode``)."""
+    if type(value) is int and INT_MIN <= value <= INT_MAX:
+        return b"I" + INT.pack(value)  # the common answer, a move
     if type(value) is not int and type(value) is not list:
         value = encode(value)
     kind = type(value)
@@ -384,6 +383,8 @@ CALL = struct.Struct("<cHi")
 """``b"C"``, then the function's number and how many items of its previous list argument to keep (-1: none, the
 pickle holds ``(args, kwargs)``; else the pickle holds the items to append)."""
 MAX_FUNCTIONS = 1 << 16
+SMALL = 1 << 16
+"""A request shorter than this (bytes) holds too few containers for garbage collections to matter."""
 _ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
@@ -427,20 +428,24 @@ class AgentChannel:
         self._send(b"G" + pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
         return self._answer
 
-    def call(self, module: str, name: str, args: tuple, kwargs: dict):
+    def call(self, module: str, name: str, args: tuple, kwargs: dict, function: AgentFunction | None = None):
         """``module.name(*args, **kwargs)`` in the agent's process.
 
         A call whose one argument is a list of frozen items (a game's history) sends only what changed since the
         previous call of the same function: how many leading items are the very same objects, and the new ones.
         The agent's process rebuilds the list and gives the function a fresh copy of it each call.
         """
-        number = self._functions.get((module, name))
+        number = function._number if function is not None else None
+        if number is None:
+            number = self._functions.get((module, name))
         if number is None:
             if len(self._functions) >= MAX_FUNCTIONS:
                 return self.ask(op="call", module=module, name=name, args=args, kwargs=kwargs)
             number = len(self._functions)
             self.ask(op="bind", module=module, name=name, number=number)
             self._functions[module, name] = number
+        if function is not None:
+            function._number = number  # its later calls skip the lookup
         frame = None
         if not kwargs and len(args) == 1 and type(args[0]) is list:
             frame = self._delta(number, args[0])
@@ -513,9 +518,10 @@ class AgentFunction:
     def __init__(self, channel: AgentChannel, module: str, name: str):
         self._channel, self._module, self.__name__ = channel, module, name
         self.__qualname__ = name
+        self._number: int | None = None  # the number the agent's process knows it by, once bound
 
     def __call__(self, *args, **kwargs):
-        return self._channel.call(self._module, self.__name__, args, kwargs)
+        return self._channel.call(self._module, self.__name__, args, kwargs, self)
 
     def map(self, calls):
         """``[self(*args) for args in calls]`` in one round trip."""
@@ -734,7 +740,8 @@ def _call(frame: bytes, functions: dict, lists: dict) -> bytes:
     """The answer to a ``b"C"`` frame (see ``AgentChannel.call``)."""
     try:
         _, number, keep = CALL.unpack_from(frame)
-        payload = _unpickle(memoryview(frame)[CALL.size:])
+        body = memoryview(frame)[CALL.size:]
+        payload = pickle.loads(body) if len(body) < SMALL else _unpickle(body)  # a move's history: no need
         module, name = functions[number]
         if keep < 0:
             lists.pop(number, None)
