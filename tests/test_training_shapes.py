@@ -4,7 +4,6 @@ key, episodes that always end, and factories that work in TorchRL's batched envs
 from __future__ import annotations
 
 import functools
-import gc
 import multiprocessing
 import pickle
 
@@ -283,10 +282,7 @@ def test_llm_collector_over_a_threaded_env_pool_groups_episodes_by_query(made):
     pool.close()
     assert len(episodes) >= 2
     assert all(bool(e["next", "done"][-1].all()) and e["query"][0] == "shapeTask" for e in episodes)
-    # TorchRL 0.14's threading pool does not close its envs on close(); each env closes its backend when it is
-    # garbage-collected (docs/training.md says to close pool.envs for a prompt release)
-    del pool, collector
-    gc.collect()
+    # TorchRL 0.14's threading pool does not close its envs itself: the envs it built make its close() do it
     assert made and all(backend.closed for backend in made)
 
 

@@ -1,19 +1,54 @@
-"""``ChainEnv``: the env ``registry.make`` returns, TorchRL's ``TransformedEnv`` with one guard of ours."""
+"""``ChainEnv``: the env ``registry.make`` returns, TorchRL's ``TransformedEnv`` with guards of ours."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from tensordict import TensorDictBase
 from torchrl.envs import TransformedEnv
 
 from .base import refuse_stepped
+from .pools import adopt_pool, called_by_pool, constructing_pool, for_pool
 
 
 class ChainEnv(TransformedEnv):
-    """TorchRL's ``TransformedEnv`` over the chain, refusing a tensordict that was already stepped before anything
-    runs (``EnvMisuseError`` naming ``env.step_mdp``): without it the backend runs the command, and tensordict then
-    fails with an error about lazy batch sizes."""
+    """TorchRL's ``TransformedEnv`` over the chain, with two additions.
+
+    - A tensordict that was already stepped is refused before anything runs (``EnvMisuseError`` naming
+      ``env.step_mdp``): without it the backend runs the command, and tensordict then fails with an error about lazy
+      batch sizes.
+    - In TorchRL's ``AsyncEnvPool`` (``transforms/pools.py``): what the env returns to the pool stacks with the pool's
+      default ``stack="dense"`` whatever each env's conversation length, and a threading pool closes its envs.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        pool = constructing_pool()
+        if pool is not None:
+            adopt_pool(pool)
 
     def step(self, tensordict: TensorDictBase) -> TensorDictBase:
         """``TransformedEnv.step``, after checking that ``tensordict`` is a step's input, not its output."""
         refuse_stepped(tensordict)
-        return super().step(tensordict)
+        out = super().step(tensordict)
+        return for_pool(out) if called_by_pool() else out
+
+    def reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        """``TransformedEnv.reset``."""
+        out = super().reset(tensordict, **kwargs)
+        return for_pool(out) if called_by_pool() else out
+
+    def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        """``TransformedEnv.step_and_maybe_reset``."""
+        out, following = super().step_and_maybe_reset(tensordict)
+        if called_by_pool():
+            return for_pool(out), for_pool(following)
+        return out, following
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        out = super()._reset(tensordict, **kwargs)
+        return for_pool(out) if called_by_pool() else out
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        out = super()._step(tensordict)
+        return for_pool(out) if called_by_pool() else out

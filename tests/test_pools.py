@@ -1,0 +1,191 @@
+"""Several envs at once with TorchRL's defaults: ``AsyncEnvPool`` (default ``stack="dense"``) under ``LLMCollector``,
+``ParallelEnv``, ``Collector(..., backend="process")``, over episodes of different lengths, on the real local backend;
+and closing any of them leaves no sandbox running."""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+
+import psutil
+import pytest
+import torch
+from tensordict.nn import TensorDictModuleBase
+
+from mlgym_registry import registry
+
+TASK = "prisonersDilemma"
+LENGTHS = (1, 2, 3, 4)
+"""Each env's ``max_turns``: the 4 envs of a pool play episodes of these lengths, so they are at different
+conversation lengths at every step after the first."""
+
+SESSION_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+"""Processes multiprocessing keeps for the whole session, not for one pool."""
+
+
+class Ls(TensorDictModuleBase):
+    """A scripted policy: ``ls`` every turn, whatever the batch (an episode ends at its env's ``max_turns``)."""
+
+    in_keys = ["query"]
+    out_keys = [("text", "response")]
+
+    def forward(self, tensordict):
+        tensordict["text", "response"] = "DISCUSSION\nLook around.\n```\nls\n```"
+        return tensordict
+
+
+def factories() -> list[functools.partial]:
+    return [functools.partial(registry.make, TASK, max_turns=turns) for turns in LENGTHS]
+
+
+def descendants() -> set[int]:
+    """This process's descendants: pool workers, and the local backend's sandboxes and shells (not the processes
+    multiprocessing keeps for the whole session)."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if not any(name in " ".join(child.cmdline()) for name in SESSION_PROCESSES):
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def assert_nothing_left(before: set[int], timeout: float = 10.0) -> None:
+    """Every process started since ``before`` has ended (sandboxes end as soon as their env closes; a worker process
+    may take a moment to exit)."""
+    deadline = time.monotonic() + timeout
+    while descendants() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [psutil.Process(pid).cmdline() for pid in descendants() - before if psutil.pid_exists(pid)]
+    assert not left, f"still running: {left}"
+
+
+def collect_episodes(collector, count: int) -> list:
+    """The first ``count`` whole episodes ``collector`` yields (TorchRL 0.14's LLMCollector can stop short of a
+    finite ``total_dialog_turns`` over an AsyncEnvPool, so the collector runs unbounded and is left here)."""
+    episodes = []
+    for episode in collector:
+        episodes.append(episode)
+        if len(episodes) >= count:
+            break
+    return episodes
+
+
+def conversation_lengths(episode) -> list[int]:
+    """The number of messages in each turn's prompt of one episode."""
+    history = episode["history", "prompt"]
+    return [history[t].batch_size[-1] for t in range(episode.batch_size[0])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["threading", "multiprocessing"])
+def test_a_dense_pool_under_llm_collector_plays_episodes_of_different_lengths_and_closes(backend):
+    from torchrl.collectors.llm import LLMCollector
+    from torchrl.envs import AsyncEnvPool
+
+    from mlgym_registry.workers import warm_workers
+
+    before = descendants()
+    # workers forked from a preloaded server (spawned ones cost several seconds each; test_training_shapes.py
+    # spawns them)
+    with warm_workers(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the multiprocessing pool's note on its future exchange
+        pool = AsyncEnvPool(factories(), backend=backend)  # TorchRL's default stack="dense"
+    assert pool.batch_size == (4, 1)
+    collector = LLMCollector(pool, policy=Ls(), dialog_turns_per_batch=1, total_dialog_turns=-1,
+                             yield_completed_trajectories=True)
+    episodes = collect_episodes(collector, 8)
+    assert {episode.batch_size[0] for episode in episodes} >= {1, 2, 3}
+    for episode in episodes:
+        turns = episode.batch_size[0]
+        assert bool(episode["next", "done"][-1].all()) and not bool(episode["next", "done"][:-1].any())
+        assert conversation_lengths(episode) == [2 + 2 * t for t in range(turns)]  # system + task, then 2 a turn
+        assert episode["query"][0] == TASK
+    collector.shutdown()
+    if backend == "threading":  # the pool counts as open while its envs run, so the collector closed it
+        assert pool.is_closed and all(env.is_closed for env in pool.envs)
+    else:  # TorchRL counts every AsyncEnvPool as closed from the start: closing is the pool's owner's call
+        pool.close()
+    assert_nothing_left(before)
+
+
+def test_dense_stacking_of_envs_at_different_lengths_keeps_each_conversation():
+    """The pool's async API (what LLMCollector drives), stepped by hand so that the envs' conversations differ in
+    length, stacked with TorchRL's default ``torch.stack``."""
+    from torchrl.envs import AsyncEnvPool
+
+    command = "DISCUSSION\nLook around.\n```\nls\n```"
+    before = descendants()
+    pool = AsyncEnvPool([functools.partial(registry.make, TASK, max_turns=10)] * 2, backend="threading")
+    td = pool.reset()
+    pool.async_step_and_maybe_reset_send(td[:1].set(("text", "response"), [[command]]))  # env 0 only
+    _, ahead = pool.async_step_and_maybe_reset_recv(min_get=1)
+    td = torch.stack([ahead[0], td[1]])
+    pool.async_step_and_maybe_reset_send(td.set(("text", "response"), [[command]] * 2))
+    _, td = pool.async_step_and_maybe_reset_recv(min_get=2)
+    assert [td["history", "prompt"][i].batch_size[-1] for i in range(2)] == [6, 4]
+    assert [td["history", "prompt"][i].role[0][-1] for i in range(2)] == ["user", "user"]
+    pool.close()
+    assert pool.is_closed and all(env.is_closed for env in pool.envs)
+    assert_nothing_left(before)
+
+
+def test_a_threading_pool_closes_every_env_and_its_sandbox():
+    from torchrl.envs import AsyncEnvPool
+
+    before = descendants()
+    pool = AsyncEnvPool(factories()[:2], backend="threading")
+    assert not pool.is_closed
+    td = pool.reset()
+    assert td["history", "prompt"].batch_size[-1] == 2
+    assert descendants() - before  # a sandboxed shell per env
+    assert not any(env.is_closed for env in pool.envs)
+    pool.close()
+    assert pool.is_closed and all(env.is_closed for env in pool.envs)
+    assert_nothing_left(before)
+
+
+@pytest.mark.slow
+def test_a_multi_process_collector_over_envs_of_different_lengths_releases_everything_at_shutdown():
+    from torchrl.collectors import Collector
+
+    from mlgym_registry.parallel import EnvFactory
+
+    before = descendants()
+    from mlgym_registry.workers import warm_workers
+
+    makers = [EnvFactory.from_spec(TASK, max_turns=turns) for turns in (1, 3)]
+    with warm_workers():
+        collector = Collector(makers, Ls(), frames_per_batch=4, total_frames=8, num_collectors=2, backend="process")
+    batches = list(collector)
+    collector.shutdown()
+    assert batches
+    dones = torch.cat([batch["next", "done"].reshape(-1) for batch in batches])
+    assert bool(dones.any())
+    assert_nothing_left(before)
+
+
+@pytest.mark.slow
+def test_parallel_env_without_consolidation_steps_resets_and_closes():
+    """Both envs end at turn 2 and restart together: TorchRL's ParallelEnv cannot yet restart one env while the other
+    goes on (tensordict's ``where`` cannot merge conversations of different lengths; docs/training.md says so)."""
+    from torchrl.envs import ParallelEnv
+
+    from mlgym_registry.workers import warm_workers
+
+    before = descendants()
+    with warm_workers():
+        env = ParallelEnv(2, functools.partial(registry.make, TASK, max_turns=2), consolidate=False)
+    try:
+        td = env.reset()
+        lengths = []
+        for _ in range(3):
+            td["text", "response"] = [["DISCUSSION\nLook.\n```\nls\n```"]] * 2
+            _, td = env.step_and_maybe_reset(td)
+            lengths.append([td["history", "prompt"][i].batch_size[-1] for i in range(2)])
+        assert lengths == [[4, 4], [2, 2], [4, 4]]  # turn 2 ended both episodes: the next prompt is a new one
+    finally:
+        env.close()
+    assert_nothing_left(before)
