@@ -225,7 +225,7 @@ def test_stages_in_design_order(backends):
     env = registry.make(tasks=[SPEC, SPEC.replace(id="second")], backend="standin_chain")
     assert [type(t).__name__ for t in env.transform] == [
         "RetrySkip", "ActionIsolator", "ResetModule", "TaskSampler", "ReadState", "StateToMessage",
-        "MessageToHistory", "ChatTemplate", "RewardAssigner", "GroupKey", "ChatBatch",
+        "MessageToHistory", "ChatTemplate", "RewardAssigner", "ContextPolicy", "GroupKey", "ChatBatch",
     ]
     env.close()
 

@@ -44,11 +44,21 @@ class Turn:
     execution_time: float
     format_error: bool = False
     info: dict[str, Any] | None = None
+    prompt_tokens: list[int] | None = None
+    """The prompt's token ids, as the policy read them (a policy that runs a model gives them), else None."""
+    response_tokens: list[int] | None = None
+    log_probs: list[float] | None = None
+    policy_version: int | None = None
+    outcome: str = ""
+    """The env's context outcome (``"length"``, ``"overflow"``, ``"length+overflow"``), ``""`` for none."""
+    masked: bool = False
 
     def step(self) -> Step:
         """The ``.traj`` entry of this turn."""
         return Step(action=self.action, observation=self.observation, response=self.response, state=self.state,
-                    thought=self.thought, execution_time=self.execution_time)
+                    thought=self.thought, execution_time=self.execution_time, prompt_tokens=self.prompt_tokens,
+                    response_tokens=self.response_tokens, log_probs=self.log_probs,
+                    policy_version=self.policy_version, outcome=self.outcome, masked=self.masked)
 
 
 @dataclass
@@ -224,8 +234,20 @@ class EpisodePlayer:
         except Exception as exc:  # recorded as failed, files kept valid; the caller decides what to do with it
             self._fail(f"{type(exc).__name__}: {exc}")
             raise
+        import torch
+
+        from .transforms.context_policy import MASKED_KEY, outcome_of
+        from .transforms.layout import set_entry
+
+        last_generation = getattr(self.policy, "last_generation", None)
+        generation = last_generation() if callable(last_generation) else None
+        version = self._policy_version(generation)
         started = time.monotonic()
         self._td.set(layout.response, response)
+        if generation is not None and layout.tokens_response is not None:
+            # the sampled ids go with the text, so the env judges the reply by them (a reply cut by max_new_tokens)
+            set_entry(self._td, layout.tokens_response,
+                      torch.tensor(generation.response_tokens, dtype=torch.long).expand(*self._td.batch_size, -1))
         td = self.env.step(self._td)
         elapsed = time.monotonic() - started
         after = td["next"]
@@ -246,7 +268,19 @@ class EpisodePlayer:
             execution_time=elapsed,
             format_error=format_error,
             info=None if info is None else dict(info),
+            prompt_tokens=None if generation is None else list(generation.prompt_tokens),
+            response_tokens=None if generation is None else list(generation.response_tokens),
+            log_probs=None if generation is None or generation.log_probs is None else list(generation.log_probs),
+            policy_version=version,
+            outcome=outcome_of(after),
+            masked=bool(after.get(MASKED_KEY, torch.zeros(1, dtype=torch.bool)).any()),
         )
+        if turn.outcome:
+            outcomes = result.info.setdefault("outcomes", {})
+            for name in turn.outcome.split("+"):
+                outcomes[name] = outcomes.get(name, 0) + 1
+            if turn.info is not None:
+                turn.info["outcomes"] = dict(outcomes)
         result.turns.append(turn)
         self._messages = conversation(after, layout)
         if self.writer is not None:
@@ -257,14 +291,28 @@ class EpisodePlayer:
             self.on_turn(turn)
         if turn.done:
             result.finished = True
-            if self.base.stop_reason is not None:
+            if self.base.stop_reason == "max_turns":
                 result.stop_reason = f"the env ended the episode ({self.base.stop_reason}: {self.base.max_turns} turns)"
+            elif self.base.stop_reason is not None:
+                result.stop_reason = f"the env ended the episode ({self.base.stop_reason}, the context policy)"
             self._end()
             return turn
         # the next root is the step's output, minus what belongs to the transition (step_mdp cannot carry the
         # growing History: its lazy stacks differ in length from step to step)
         self._td = after.exclude(*self.env.reward_keys, *self.env.done_keys)
         return turn
+
+    def _policy_version(self, generation: Any) -> int | None:
+        """The version of the policy that gave this turn: its generation's, the env's ``policy_version`` (TorchRL's
+        ``PolicyVersion`` transform), or the policy's ``version``."""
+        if generation is not None and generation.policy_version is not None:
+            return generation.policy_version
+        import torch
+
+        version = self._td.get("policy_version", None)
+        if isinstance(version, torch.Tensor):
+            return int(version.reshape(-1)[0])
+        return getattr(self.policy, "version", None)
 
     def _end(self) -> None:
         self._over = True

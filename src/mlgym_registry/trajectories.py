@@ -7,6 +7,12 @@ user and assistant turns (assistant turns also carry ``thought`` and ``action``)
 last step. ``results.json`` is ``{"agent": info["score"], "baseline": baseline_scores[0]}``, plus (ours) the status of
 every evaluation of the episode (``"evaluations"``) and the count of ``infra_error`` ones (``"infra_errors"``).
 
+A step a model produced may carry its tokens too (``TOKEN_KEYS``, ours, absent otherwise): ``response_tokens`` (the
+ids sampled), ``log_probs`` (one per sampled id, when the policy gave them), ``policy_version``, and the prompt's ids
+stored against the previous step's: ``prompt_tokens_kept`` leading ids of the previous step's prompt then response (0
+when it starts otherwise), then ``prompt_tokens``. ``Trajectory.turn_tokens()`` gives each step's whole prompt back.
+``outcome`` (``"length"``, ``"overflow"``) and ``masked`` record the env's context policy on that step.
+
 ``TrajectoryWriter`` rewrites both files after every step, each through a temporary file and an atomic rename, so an
 interrupted run leaves the steps done so far in a complete, loadable file.
 """
@@ -27,6 +33,10 @@ from .errors import MLGymRegistryError
 
 STEP_KEYS = ("action", "observation", "response", "state", "thought", "execution_time")
 """The keys of every entry of a ``.traj`` file's ``trajectory`` list."""
+
+TOKEN_KEYS = ("prompt_tokens_kept", "prompt_tokens", "response_tokens", "log_probs", "policy_version", "outcome",
+              "masked")
+"""Optional keys of a ``trajectory`` entry (ours): the step's tokens and its context outcome, when known."""
 
 TRAJ_KEYS = ("environment", "trajectory", "history", "info")
 """The top-level keys of a ``.traj`` file."""
@@ -49,10 +59,36 @@ class Step:
     state: str
     thought: str
     execution_time: float = 0.0
+    prompt_tokens: list[int] | None = None
+    """The whole prompt's token ids (in memory; the file stores them against the previous step's sequence)."""
+    response_tokens: list[int] | None = None
+    log_probs: list[float] | None = None
+    policy_version: int | None = None
+    outcome: str = ""
+    masked: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        """The entry in MLGym's key order."""
-        return {key: getattr(self, key) for key in STEP_KEYS}
+    def to_dict(self, previous: Step | None = None) -> dict[str, Any]:
+        """The entry in MLGym's key order, then the token keys that are known; ``previous`` is the step before,
+        whose prompt and response this step's prompt may continue."""
+        entry = {key: getattr(self, key) for key in STEP_KEYS}
+        if self.prompt_tokens is not None:
+            kept = 0
+            if previous is not None and previous.prompt_tokens is not None and previous.response_tokens is not None:
+                # the whole previous sequence (tokens mode), else its prompt (a policy that re-tokenizes the turn)
+                for before in (previous.prompt_tokens + previous.response_tokens, previous.prompt_tokens):
+                    if self.prompt_tokens[: len(before)] == before:
+                        kept = len(before)
+                        break
+            entry["prompt_tokens_kept"] = kept
+            entry["prompt_tokens"] = self.prompt_tokens[kept:]
+        for key in ("response_tokens", "log_probs", "policy_version"):
+            if getattr(self, key) is not None:
+                entry[key] = getattr(self, key)
+        if self.outcome:
+            entry["outcome"] = self.outcome
+        if self.masked:
+            entry["masked"] = True
+        return entry
 
 
 @dataclass
@@ -70,6 +106,12 @@ class Trajectory:
         """The model's raw response of every step, in order."""
         return [step.response for step in self.steps]
 
+    def turn_tokens(self) -> list[tuple[list[int], list[int], list[float] | None] | None]:
+        """Each step's ``(prompt ids, response ids, log-probs)``, as the model read and sampled them (None for a step
+        recorded without tokens)."""
+        return [None if step.prompt_tokens is None or step.response_tokens is None
+                else (step.prompt_tokens, step.response_tokens, step.log_probs) for step in self.steps]
+
     @property
     def scores(self) -> list[dict[str, float]]:
         """``info["score"]``: one metric dict per successful validate, then the final one."""
@@ -84,7 +126,7 @@ class Trajectory:
         """The JSON object of the ``.traj`` file."""
         return {
             "environment": self.environment,
-            "trajectory": [step.to_dict() for step in self.steps],
+            "trajectory": [step.to_dict(self.steps[i - 1] if i else None) for i, step in enumerate(self.steps)],
             "history": self.history,
             "info": self.info,
         }
@@ -127,9 +169,28 @@ def trajectory_from_dict(data: Any, path: Path | None = None) -> Trajectory:
         absent = [key for key in STEP_KEYS if key not in entry] if isinstance(entry, dict) else list(STEP_KEYS)
         if absent:
             raise TrajectoryError(f"{where}: step {index} lacks the key(s) {absent}")
-        steps.append(Step(**{key: entry[key] for key in STEP_KEYS}))
+        steps.append(_step_from_entry(entry, steps[-1] if steps else None))
     info = data["info"] if isinstance(data["info"], dict) else {}
     return Trajectory(str(data["environment"]), steps, list(data["history"]), dict(info), path)
+
+
+def _step_from_entry(entry: dict[str, Any], previous: Step | None) -> Step:
+    """A ``Step`` from a ``trajectory`` entry, its prompt's token ids made whole again from ``previous``'s."""
+    step = Step(**{key: entry[key] for key in STEP_KEYS})
+    prompt = entry.get("prompt_tokens")
+    if isinstance(prompt, list):
+        kept = entry.get("prompt_tokens_kept") or 0
+        before = ([] if previous is None or previous.prompt_tokens is None or previous.response_tokens is None
+                  else previous.prompt_tokens + previous.response_tokens)
+        if not isinstance(kept, int) or kept > len(before):
+            raise TrajectoryError(f"a step keeps {kept!r} token ids of a previous step that has {len(before)}")
+        step.prompt_tokens = before[:kept] + prompt
+    for key in ("response_tokens", "log_probs", "policy_version"):
+        if entry.get(key) is not None:
+            setattr(step, key, entry[key])
+    step.outcome = str(entry.get("outcome") or "")
+    step.masked = bool(entry.get("masked", False))
+    return step
 
 
 def load_results(path: str | Path) -> dict[str, Any]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Policy, PolicyError, PolicyExhausted
+from .base import Generation, Policy, PolicyError, PolicyExhausted
 
 POLICY_KINDS = ("scripted", "replay", "human", "transformers", "openai")
 
-__all__ = ["POLICY_KINDS", "Policy", "PolicyError", "PolicyExhausted", "PolicyText", "make_policy"]
+__all__ = ["POLICY_KINDS", "Generation", "Policy", "PolicyError", "PolicyExhausted", "PolicyText", "make_policy"]
 
 
 class PolicyText(str):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MLGymRegistryError
@@ -26,10 +27,27 @@ class PolicyError(MLGymRegistryError):
     key or does not serve the model); the message names the endpoint or the model, and the fix."""
 
 
+@dataclass(frozen=True)
+class Generation:
+    """The tokens behind a response, as a model produced them: what a trainer reuses without re-tokenizing.
+
+    ``prompt_tokens`` are the ids the model read, ``response_tokens`` the ids it sampled, ``log_probs`` (when the
+    model gave them) the log-probability of each sampled id, and ``policy_version`` the version of the weights.
+    """
+
+    prompt_tokens: list[int]
+    response_tokens: list[int]
+    log_probs: list[float] | None = None
+    policy_version: int | None = None
+
+
 class Policy:
     """Base class of policies. Subclasses implement ``respond``; ``reset`` starts a new episode."""
 
     name = "policy"
+    version: int | None = None
+    """The version of the policy's weights (a trainer bumps it after each update), recorded with every turn; None
+    for a policy without weights."""
     interactive = False
     """True when the policy talks to a person on the terminal (the CLI then prints instead of showing a bar)."""
 
@@ -42,6 +60,10 @@ class Policy:
 
     def __call__(self, messages: Messages) -> str:
         return self.respond(messages)
+
+    def last_generation(self) -> Generation | None:
+        """The token ids (and log-probs) of the last response, for a policy that runs a model itself; else None."""
+        return None
 
     def stats(self) -> dict[str, Any] | None:
         """Usage of the model in this episode (MLGym's ``model_stats``: calls, tokens, cost), or None when the policy

@@ -8,11 +8,18 @@ past its end-of-turn marker, which the conversation drops) the new text is token
 When an earlier part of the prompt changed (a history processor hid an old turn) the tokens are kept up to the last
 turn's prompt that is still unchanged and the rest is tokenized again; when the conversation was rendered anew the
 whole prompt is. ``retokenized`` counts those turns.
+
+A chat template that rewrites earlier turns when a new one is added (some drop the reasoning, ``<think>...</think>``,
+of past assistant turns, as Qwen3's does) is not prefix-preserving: the next prompt cannot continue the sampled
+sequence. The first time a turn's prompt does not continue the previous prompt and the assistant turn, the
+conversation is rendered with and without the new turn; when the rendering without it is not a prefix of the one
+with it, the template is at fault and a ``TemplateNotPrefixPreserving`` warning says so, once per env.
 """
 
 from __future__ import annotations
 
 import bisect
+import warnings
 from typing import Any
 
 import torch
@@ -22,6 +29,11 @@ from torchrl.data import Composite, Unbounded
 from ..errors import PolicyOutputError
 from .base import ChainTransform, text_of
 from .layout import Layout, set_entry, set_spec
+
+
+class TemplateNotPrefixPreserving(UserWarning):
+    """Tokens mode runs over a chat template that rewrites earlier turns: later prompts do not hold the tokens the
+    policy sampled before."""
 
 
 class TokensPrompt(ChainTransform):
@@ -41,6 +53,8 @@ class TokensPrompt(ChainTransform):
         self.tokenizer = tokenizer
         self.rendered = rendered
         self.retokenized = 0
+        self.prefix_preserving: bool | None = None
+        """False once a turn showed that the chat template rewrites earlier turns (warned once), else None."""
         self._text = ""
         self._tokens = torch.empty(0, dtype=torch.long)
         self._marks: list[tuple[int, int]] = []
@@ -113,18 +127,47 @@ class TokensPrompt(ChainTransform):
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         text = text_of(next_tensordict.get(self.layout.prompt))
+        response, response_tokens = self._response_text, self._response_tokens
         if not text.startswith(self._text):
             self.retokenized += 1
+            self._check_template(text)
             return self._remember(text, self._retokenize(text), next_tensordict)
         added = text[len(self._text):]
-        response, response_tokens = self._response_text, self._response_tokens
         if response_tokens is not None and response and added.startswith(response):
             tokens = torch.cat([self._tokens, response_tokens, self._encode(added[len(response):])])
         else:
             if response_tokens is not None:
                 self.retokenized += 1
+                if response and not added.startswith(self._assistant_content(response)):
+                    self._check_template(text)
             tokens = torch.cat([self._tokens, self._encode(added)])
         return self._remember(text, tokens, next_tensordict)
+
+    def _assistant_content(self, response: str) -> str:
+        renderer = getattr(self.rendered, "renderer", None)
+        return renderer.assistant_content(response) if renderer is not None else response
+
+    def _check_template(self, text: str) -> None:
+        """Warn (once) when the chat template is to blame for ``text`` not continuing the last turn: the conversation
+        rendered without its newest turn is not a prefix of ``text``, the rendering with it."""
+        prompt = self.rendered
+        if self.prefix_preserving is not None or prompt is None or not prompt.messages:
+            return
+        messages = prompt.messages
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+        if last < 0 or text.startswith(prompt.renderer.render(messages[: last + 1], False)):
+            return
+        self.prefix_preserving = False
+        name = prompt.renderer.template_name or "the tokenizer's own"
+        warnings.warn(
+            f"the chat template ({name}) is not prefix-preserving: adding a turn rewrites earlier ones (as templates "
+            "that drop the reasoning of past assistant turns do). In tokens mode each later prompt then holds the "
+            "template's rewritten text, not the tokens the policy sampled, so the episode is not one sequence: train "
+            "on each turn's own prompt and response (as GRPOLoss's masking does), or use a template that keeps past "
+            "turns as they were",
+            TemplateNotPrefixPreserving,
+            stacklevel=2,
+        )
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
         device = observation_spec.device
