@@ -1,6 +1,7 @@
 """GRPO on an MLGym task with TorchRL's LLM stack, straight over ``registry.make(task)``.
 
     python examples/grpo.py --updates 2                           # a tiny random model built offline, on CPU
+    python examples/grpo.py --task capitals --lr 3e-3 --max-new-tokens 16 --updates 120  # learns in minutes on CPU
     python examples/grpo.py --model ./checkpoint --device cuda    # a local save_pretrained() checkpoint
     python examples/grpo.py --model ./checkpoint --engine vllm    # vLLM generates, transformers trains (GPU)
 
@@ -32,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; ``--engine vllm`` without a GPU or without vLLM is an error here, before anything runs."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", nargs="+", default=["prisonersDilemma"], help="one task, or several to sample from")
+    parser.add_argument("--template", help="a registered prompt template (e.g. short); default: the task's")
     parser.add_argument("--model", metavar="DIR", help="a local checkpoint (save_pretrained); default: a tiny one")
     parser.add_argument("--updates", type=int, default=20, help="optimizer steps, one per group of episodes")
     parser.add_argument("--grpo-size", type=int, default=4, help="episodes per group (G)")
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     # more than improving (mlgym_score_delta, the reference's reward, pays every validate)
     options = {"tokenizer": tokenizer, "reward": "mlgym_best_improvement"}
     options |= {"max_turns": args.max_turns} if args.max_turns else {}
+    options |= {"template": args.template} if args.template else {}
     env = registry.make(args.task[0], **options) if len(args.task) == 1 else registry.make(tasks=args.task, **options)
     env.set_seed(args.seed)
 

@@ -2,9 +2,10 @@
 
 In order: retry skip, action isolator, reset module, task sampler (``tasks=[...]`` only), read state, state to
 message, message to history, history view (only with a history processor other than ``full``), chat template,
-reward assigner, over a ``BackendEnv`` that steps the backend. The
-default layout adds the group key (``query``), the prompt's tokens (``input_mode="tokens"``) and, last, the batch
-stage that gives the env TorchRL ``ChatEnv``'s batch shape ``(1,)``.
+reward assigner, over a ``BackendEnv`` that steps the backend. The default layout adds the prompt's tokens
+(``input_mode="tokens"``), the context policy (token budgets; a cut reply and an overflowing conversation flagged
+``length`` and ``overflow``), the group key (``query``) and, last, the batch stage that gives the env TorchRL ``ChatEnv``'s batch
+shape ``(1,)``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from typing import Any
 
 from .specs import ResolvedTask
 from .validation import check_option
+
+MAX_OBSERVATION_CHARS = 16_000
+"""The default cap on the characters of one observation in the user message (``max_observation_chars``)."""
 
 MAX_FORMAT_ERRORS = 3
 """Consecutive responses without a usable command after which the episode ends with ``exit_format`` (MLGym's rule)."""
@@ -28,6 +32,12 @@ CHAIN_OPTIONS = (
     "input_mode",
     "max_format_errors",
     "max_turns",
+    "max_turn_tokens",
+    "max_episode_tokens",
+    "context_window",
+    "on_length",
+    "on_overflow",
+    "max_observation_chars",
 )
 """The keyword options ``build_env`` (and so ``registry.make``) takes for the chain itself."""
 
@@ -51,6 +61,12 @@ def build_env(
     input_mode: str = "history",
     max_format_errors: int | None = MAX_FORMAT_ERRORS,
     max_turns: int | None = None,
+    max_turn_tokens: int | None = None,
+    max_episode_tokens: int | None = None,
+    context_window: int | None = None,
+    on_length: Any = "record",
+    on_overflow: Any = "end",
+    max_observation_chars: int | None = MAX_OBSERVATION_CHARS,
 ):
     """The TorchRL env of ``resolved`` tasks: a ``TransformedEnv`` over a ``BackendEnv``.
 
@@ -72,6 +88,16 @@ def build_env(
             (None: never).
         max_turns: the most turns of an episode, format errors included; the last one ends it as truncated
             (None: one more than ``max_format_errors`` lets the episode take).
+        max_turn_tokens: the policy's ``max_new_tokens``: a reply of that many tokens that does not end its turn was
+            cut (outcome ``"length"``; None: any reply that does not end its turn was).
+        max_episode_tokens: the most tokens the policy may generate in one episode (its replies' sum).
+        context_window: the most tokens of a prompt and its reply; a next prompt that leaves less room than
+            ``max_turn_tokens`` is an ``"overflow"`` (so is running out of ``max_episode_tokens``).
+        on_length, on_overflow: what a ``"length"``/``"overflow"`` turn does besides being flagged at
+            ``("next", "length")``/``("next", "overflow")``: ``"record"``, ``"mask"`` (``("next", "masked")``), ``"end"`` (truncated), a
+            number (a reward added), or a tuple of those (``transforms.context_policy``).
+        max_observation_chars: the most characters of a command's output the next user message shows; a longer
+            output keeps its head and tail around a note saying how many characters were cut (None: no cap).
     """
     import tensordict
     from torchrl.envs import Compose
@@ -81,6 +107,7 @@ def build_env(
         BackendEnv,
         ChatBatch,
         ChatTemplate,
+        ContextPolicy,
         GroupKey,
         HistoryView,
         MessageToHistory,
@@ -103,13 +130,23 @@ def build_env(
     tensordict.set_list_to_stack(True).set()
     keys = get_layout(layout)
     for name, value in (("batch_size", batch_size), ("input_mode", input_mode),
-                        ("max_format_errors", max_format_errors), ("max_turns", max_turns)):
+                        ("max_format_errors", max_format_errors), ("max_turns", max_turns),
+                        ("max_turn_tokens", max_turn_tokens), ("max_episode_tokens", max_episode_tokens),
+                        ("context_window", context_window), ("on_length", on_length), ("on_overflow", on_overflow),
+                        ("max_observation_chars", max_observation_chars)):
         check_option(name, value)  # registry.make checked them already; build_env may be called directly
     if keys.query is None and (input_mode == "tokens" or batch_size not in (None, ())):
         raise ValueError(
             f"the {keys.name!r} layout keeps the reference's unbatched, text-only env; batch_size and "
             "input_mode='tokens' need layout='default'"
         )
+    budgets = {"max_turn_tokens": max_turn_tokens, "max_episode_tokens": max_episode_tokens,
+               "context_window": context_window, "on_length": on_length != "record",
+               "on_overflow": on_overflow != "end"}
+    if keys.query is None and any(value not in (None, False) for value in budgets.values()):
+        raise ValueError(f"the {keys.name!r} layout has no context policy (token budgets and their outcomes); "
+                         "max_turn_tokens, max_episode_tokens, context_window, on_length and on_overflow need "
+                         "layout='default'")
     if batch_size is None:
         batch_size = () if keys.query is None else (1,)
     processing = any(shapes_history(task.history) for task in resolved)
@@ -124,7 +161,8 @@ def build_env(
     if multi_task:
         stages.append(TaskSampler(keys, list(base.tasks)))
     chat_template = ChatTemplate(keys, tokenizer=tokenizer, chat_template_name=chat_template_name)
-    stages += [ReadState(keys), StateToMessage(keys), MessageToHistory(keys)]
+    message = StateToMessage(keys, max_observation_chars=max_observation_chars)
+    stages += [ReadState(keys), message, MessageToHistory(keys)]
     if processing:
         stages.append(HistoryView(keys))
         if chat_template.tokenizer is not None:
@@ -137,6 +175,11 @@ def build_env(
         stages.append(TokensPrompt(keys, chat_template.tokenizer, chat_template.prompt))
     stages.append(RewardAssigner(keys))
     if keys.query is not None:
+        stages.append(ContextPolicy(
+            keys, chat_template.tokenizer, end_of_turn=chat_template.renderer.end_of_turn,
+            max_turn_tokens=max_turn_tokens, max_episode_tokens=max_episode_tokens, context_window=context_window,
+            on_length=on_length, on_overflow=on_overflow, prompt_tokens=input_mode == "tokens",
+        ))
         stages.append(GroupKey(keys))
     if tuple(batch_size) != ():
         stages.append(ChatBatch(keys, batch_size))

@@ -431,8 +431,9 @@ class Registry:
         Overrides replace what the spec names (``backend=``, ``parser=``, ``template=``, ``reward=``, ``isolator=``,
         ``history=``, ``max_steps=``, ``failure_reward=``, ``score_format_exit=``), configure the chain
         (``tokenizer=``, ``chat_template_name=``, ``reward_wrong_format=``, ``device=``, ``layout=``, ``batch_size=``,
-        ``input_mode=``, ``max_format_errors=``, ``max_turns=``; see ``chain.build_env``) or go to the backend (its
-        factory's keyword arguments, or ``backend_options={...}``).
+        ``input_mode=``, ``max_format_errors=``, ``max_turns=``, ``max_observation_chars=``, the context policy's
+        ``max_turn_tokens=``, ``max_episode_tokens=``, ``context_window=``, ``on_length=``, ``on_overflow=``; see
+        ``chain.build_env``) or go to the backend (its factory's keyword arguments, or ``backend_options={...}``).
         Unknown keys raise ``InvalidOverrideError`` (``UnknownOptionError`` for a backend option the backend does
         not take); a value of the wrong type or out of range raises ``InvalidOptionError`` (a ``ValueError``) naming
         the option and its valid range (see ``validation.OPTION_RULES``). Both are raised before anything is built.

@@ -92,6 +92,14 @@ def is_batch_size(value: Any) -> bool:
     return all(is_integer(dim) and dim == 1 for dim in value)
 
 
+def is_outcome_action(value: Any) -> bool:
+    """True for an ``on_length=``/``on_overflow=`` value: ``"record"``, ``"mask"``, ``"end"``, a finite number (a
+    penalty), or a non-empty tuple or list of those (``transforms.context_policy``)."""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    return bool(items) and all(item in ("record", "mask", "end") if isinstance(item, str) else is_number(item)
+                               for item in items)
+
+
 TEXT = instance_of("a string", str)
 BOOLEAN = instance_of("a bool (True or False)", bool)
 
@@ -121,6 +129,12 @@ OPTION_RULES: dict[str, Rule] = {
     "input_mode": Rule("'history', 'text' or 'tokens'", lambda value: value in ("history", "text", "tokens")),
     "max_format_errors": integer_at_least(1, optional=True),
     "max_turns": integer_at_least(1, optional=True),
+    "max_turn_tokens": integer_at_least(1, optional=True),
+    "max_episode_tokens": integer_at_least(1, optional=True),
+    "context_window": integer_at_least(1, optional=True),
+    "max_observation_chars": integer_at_least(1, optional=True),
+    **{name: Rule("'record', 'mask', 'end', a finite number (a penalty) or a tuple of those",
+                  lambda value: is_outcome_action(value)) for name in ("on_length", "on_overflow")},
     "batch_size": Rule(
         "a shape of one element ((1,), the default; (1, 1), ...) or () for the chain's unbatched tensordicts",
         lambda value: is_batch_size(value),

@@ -570,8 +570,16 @@ class MLGymBackend:
 
 
 def refuse_unprotected_files(spec: TaskSpec) -> None:
-    """Raise ``InvalidTaskError`` for a task with ``secret_files`` or ``protected_files``: MLGym cannot keep them."""
-    fields = {name: getattr(spec, name) for name in ("secret_files", "protected_files") if getattr(spec, name)}
+    """Raise ``InvalidTaskError`` for a task with ``secret_files`` or ``protected_files``: MLGym cannot keep them.
+
+    The evaluator's modules that ``mlgym_source`` protects in MLGym's own task files (a game's opponent) do not count:
+    the file asks for no such protection, and this backend runs the task exactly as MLGym does."""
+    from ..tasks import mlgym_source
+
+    inferred = set(mlgym_source.evaluator_modules(spec)) if mlgym_source.TAG in spec.tags else set()
+    protected = [p for p in spec.protected_files if p not in inferred]
+    fields = {name: value for name, value in (("secret_files", spec.secret_files), ("protected_files", protected))
+              if value}
     if not fields:
         return
     named = " and ".join(f"{name}={value}" for name, value in fields.items())

@@ -170,6 +170,43 @@ class IdentityParser:
         return f"{type(self).__name__}()"
 
 
+ANSWER_FILE = "answer.txt"
+"""Where ``AnswerOrCommandParser`` writes a reply without a code block, in the workspace."""
+
+ANSWER_END = "END_OF_ANSWER"
+"""The line that ends the here-document holding the answer."""
+
+
+def answer_command(answer: str) -> str:
+    """The shell command that writes ``answer`` to ``ANSWER_FILE`` verbatim (a quoted here-document: nothing in it is
+    expanded) and then submits."""
+    body = answer if answer.endswith("\n") else answer + "\n"
+    return f"cat > {ANSWER_FILE} << '{ANSWER_END}'\n{body}{ANSWER_END}\nsubmit"
+
+
+class AnswerOrCommandParser(ThoughtActionParser):
+    """For answer tasks: a fenced code block is a command, as with ``thought_action``; any other reply is the answer,
+    which the action writes to ``answer.txt`` and submits (``answer_command``). It never raises ``FormatError``.
+
+    This is what lets a model that has not learned the command format yet be scored at all: its first reply is its
+    answer, and the task's evaluator scores it like any submission.
+    """
+
+    format_instructions: str = (
+        "Reply with your answer and nothing else: a reply without a code block is your final answer. It is saved to "
+        f"{ANSWER_FILE} and submitted, which ends the task.\nTo run a command first (to look around), put it alone in "
+        "a fenced code block instead: a line of three backticks, the command, and a closing line of three backticks."
+    )
+    format_error_message: str = "Your reply could not be used. Reply with your answer, or with one command in a " \
+        "fenced code block.\n"
+
+    def __call__(self, response: str) -> tuple[str, str]:
+        """``(thought, command)`` for a reply with a complete code block, else ``("", answer_command(response))``."""
+        if last_top_level_block(response) is not None:
+            return super().__call__(response)
+        return "", answer_command(response)
+
+
 def reads_action(parser: Any, response: str, action: str) -> bool:
     """Whether ``parser`` finds exactly ``action`` (up to surrounding blank space) in ``response``; any error it
     raises (``FormatError`` or another) counts as not."""

@@ -17,12 +17,18 @@ def register_parsers(register):
     register("xml_thought_action", f"{_PKG}.parsers:XMLThoughtActionParser",
              description="The last <command>...</command> is the action.")
     register("identity", f"{_PKG}.parsers:IdentityParser", description="The whole response is the action.")
+    register("answer_or_command", f"{_PKG}.parsers:AnswerOrCommandParser",
+             description="A fenced block is a command; any other reply is the final answer, written to answer.txt "
+                         "and submitted (answer tasks such as capitals).")
 
 
 @hookimpl
 def register_templates(register):
     register("mlgym_default", f"{_PKG}.templates:mlgym_default",
              description="Our own wording with MLGym's template fields, placeholders and status block.")
+    register("short", f"{_PKG}.templates:short",
+             description="A few hundred tokens: the commands' signatures, the reply format, the task and the status "
+                         "block (for training small models; same tool language as mlgym_default).")
 
 
 @hookimpl

@@ -120,6 +120,33 @@ def mlgym_default() -> TemplateSet:
     )
 
 
+_SHORT_SYSTEM = """\
+You work alone in a Linux shell on the task the next message gives. Besides bash, you can use these commands:
+open <path> [<line>], goto <line>, scroll_up, scroll_down, create <file>, search_dir <text> [<dir>],
+search_file <text> [<file>], find_file <name> [<dir>], edit <start>:<end> (new text, then a line end_of_edit),
+insert <line> (new text, then a line end_of_insert), validate (scores your solution), submit (final; ends the task).
+
+{format_instructions}"""
+
+_SHORT_TASK = "TASK:\n{description}\n\n" + STATUS_BLOCK
+
+
+def short() -> TemplateSet:
+    """A short template set for training small models: the commands' signatures in one paragraph instead of the
+    full ``{command_docs}``, the parser's ``{format_instructions}``, the task and MLGym's status block.
+
+    Same tool language and turn templates as ``mlgym_default``, so every parser and tool works unchanged; about a
+    tenth of its length in tokens.
+    """
+    return TemplateSet(
+        name="short",
+        system_template=_SHORT_SYSTEM,
+        task_template=_SHORT_TASK,
+        next_step_template=_NEXT_STEP,
+        next_step_no_output_template=_NEXT_STEP_NO_OUTPUT,
+    )
+
+
 GENERIC_FORMAT_INSTRUCTIONS = (
     "Every reply holds a short explanation of what you intend to do, then exactly one command to run, written in "
     "the format this environment reads commands in."

@@ -7,6 +7,7 @@ from .action_isolator import ActionIsolator
 from .backend_env import BackendEnv
 from .chat_batch import ChatBatch
 from .chat_template import ChatTemplate
+from .context_policy import ContextPolicy
 from .group_key import GroupKey
 from .history_view import HistoryView
 from .layout import LAYOUTS, Layout
@@ -25,6 +26,7 @@ __all__ = [
     "BackendEnv",
     "ChatBatch",
     "ChatTemplate",
+    "ContextPolicy",
     "GroupKey",
     "HistoryView",
     "Layout",

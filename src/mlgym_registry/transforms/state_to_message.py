@@ -4,6 +4,9 @@ It reads the observation and state of the step that just ran (time t+1): TorchRL
 message showed the previous step's output (reference bug #2). After reset the message is the task template (and the
 strategy template if any); after a step, ``next_step_template`` or, when the step printed nothing,
 ``next_step_no_output_template``; after a retry, the format-error message.
+
+An observation longer than ``max_observation_chars`` goes into the message cut to its head and tail around a note
+saying how much was cut (``cap_observation``): one huge output would otherwise fill the context window.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torchrl.data import Composite, NonTensor
 from .. import output_checks
 from ..components.templates import format_error_message
 from .base import FORMAT_ERROR_KEY, ChainTransform, is_retry, text_of
+from .layout import Layout
 
 
 class _KeepUnknown(dict):
@@ -24,8 +28,22 @@ class _KeepUnknown(dict):
         return "{" + key + "}"
 
 
+def cap_observation(observation: str, limit: int | None) -> str:
+    """``observation`` itself when it has at most ``limit`` characters (or ``limit`` is None); else its first and last
+    ``limit // 2`` characters around a line ``[... 87,412 characters cut ...]``."""
+    if limit is None or len(observation) <= limit:
+        return observation
+    head, tail = limit // 2, limit - limit // 2
+    cut = len(observation) - head - tail
+    return f"{observation[:head]}\n[... {cut:,} characters cut ...]\n{observation[len(observation) - tail:]}"
+
+
 class StateToMessage(ChainTransform):
-    """Writes ``message``."""
+    """Writes ``message``; an observation longer than ``max_observation_chars`` is shown cut (None: whole)."""
+
+    def __init__(self, layout: Layout, *, max_observation_chars: int | None = None, **kwargs: Any):
+        super().__init__(layout, **kwargs)
+        self.max_observation_chars = max_observation_chars
 
     def _state_fields(self, state: str) -> dict[str, Any]:
         try:
@@ -56,7 +74,8 @@ class StateToMessage(ChainTransform):
             message = self._format_error(text_of(tensordict.get(FORMAT_ERROR_KEY, None)))
         else:
             observation = text_of(next_tensordict.get(self.layout.observation, None))
-            fields = self._fields(text_of(next_tensordict.get(self.layout.state)), observation)
+            shown = cap_observation(observation, self.max_observation_chars)
+            fields = self._fields(text_of(next_tensordict.get(self.layout.state)), shown)
             templates = self.templates
             if observation.strip():
                 message = self.render_template(templates.next_step, fields, what="next_step_template")
