@@ -199,5 +199,25 @@ def usage_error(message: str) -> int:
     return 2
 
 
+def console_main() -> None:
+    """The console script: ``main()``, then exit without tearing the interpreter down.
+
+    Once a command has imported torch, TorchRL and transformers, the interpreter's own teardown (freeing every module,
+    collecting every object) takes about a second, after all the work is done. The exit handlers still run (they
+    close envs and sandboxes, stop worker processes and delete temporary folders) and the output is flushed; then
+    the process ends at once. ``main()`` itself returns normally, for callers in Python.
+    """
+    import atexit
+
+    code = main()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
