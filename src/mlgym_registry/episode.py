@@ -22,7 +22,7 @@ from .errors import FormatError
 from .output_checks import checked_parser
 from .policies.base import Policy, PolicyExhausted
 from .specs import TaskSpec
-from .trajectories import Step, TrajectoryWriter
+from .trajectories import Step, TrajectoryWriter, TurnTokens
 from .validation import check_option
 
 EXIT_FORMAT_THOUGHT = "Exit due to format error"
@@ -30,7 +30,7 @@ EXIT_FORMAT_THOUGHT = "Exit due to format error"
 
 
 @dataclass
-class Turn:
+class Turn(TurnTokens):
     """One turn of an episode, as shown to the user and written to the ``.traj``."""
 
     index: int
@@ -44,14 +44,6 @@ class Turn:
     execution_time: float
     format_error: bool = False
     info: dict[str, Any] | None = None
-    prompt_tokens: list[int] | None = None
-    """The prompt's token ids, as the policy read them (a policy that runs a model gives them), else None."""
-    response_tokens: list[int] | None = None
-    log_probs: list[float] | None = None
-    policy_version: int | None = None
-    outcome: str = ""
-    """The env's context outcome (``"length"``, ``"overflow"``, ``"length+overflow"``), ``""`` for none."""
-    masked: bool = False
 
     def step(self) -> Step:
         """The ``.traj`` entry of this turn."""

@@ -49,8 +49,23 @@ class TrajectoryError(MLGymRegistryError, ValueError):
     """A file that is not a valid MLGym ``.traj`` (or ``results.json``)."""
 
 
+@dataclass(kw_only=True)
+class TurnTokens:
+    """What a turn's model gave beside its text (a policy that runs a model gives it), and the env's context outcome:
+    the fields a ``Step`` and an episode's ``Turn`` share."""
+
+    prompt_tokens: list[int] | None = None
+    """The whole prompt's token ids (in memory; the file stores them against the previous step's sequence)."""
+    response_tokens: list[int] | None = None
+    log_probs: list[float] | None = None
+    policy_version: int | None = None
+    outcome: str = ""
+    """The env's context outcome (``"length"``, ``"overflow"``, ``"length+overflow"``), ``""`` for none."""
+    masked: bool = False
+
+
 @dataclass
-class Step:
+class Step(TurnTokens):
     """One entry of a trajectory: what the model said, what ran and what came back."""
 
     action: str
@@ -59,13 +74,6 @@ class Step:
     state: str
     thought: str
     execution_time: float = 0.0
-    prompt_tokens: list[int] | None = None
-    """The whole prompt's token ids (in memory; the file stores them against the previous step's sequence)."""
-    response_tokens: list[int] | None = None
-    log_probs: list[float] | None = None
-    policy_version: int | None = None
-    outcome: str = ""
-    masked: bool = False
 
     def to_dict(self, previous: Step | None = None) -> dict[str, Any]:
         """The entry in MLGym's key order, then the token keys that are known; ``previous`` is the step before,
