@@ -167,25 +167,44 @@ def test_a_multi_process_collector_over_envs_of_different_lengths_releases_every
     assert_nothing_left(before)
 
 
-@pytest.mark.slow
-def test_parallel_env_without_consolidation_steps_resets_and_closes():
-    """Both envs end at turn 2 and restart together: TorchRL's ParallelEnv cannot yet restart one env while the other
-    goes on (tensordict's ``where`` cannot merge conversations of different lengths; docs/training.md says so)."""
+def play_parallel(lengths: tuple[int, ...], steps: int, **options) -> None:
+    """Step a ``ParallelEnv`` of envs with these ``max_turns`` ``steps`` times with ``step_and_maybe_reset`` (as
+    TorchRL's collectors do), checking after each step which envs ended and every conversation's length."""
     from torchrl.envs import ParallelEnv
 
     from mlgym_registry.workers import warm_workers
 
+    count = len(lengths)
     before = descendants()
     with warm_workers():
-        env = ParallelEnv(2, functools.partial(registry.make, TASK, max_turns=2), consolidate=False)
+        env = ParallelEnv(count, [functools.partial(registry.make, TASK, max_turns=k) for k in lengths], **options)
     try:
         td = env.reset()
-        lengths = []
-        for _ in range(3):
-            td["text", "response"] = [["DISCUSSION\nLook.\n```\nls\n```"]] * 2
-            _, td = env.step_and_maybe_reset(td)
-            lengths.append([td["history", "prompt"][i].batch_size[-1] for i in range(2)])
-        assert lengths == [[4, 4], [2, 2], [4, 4]]  # turn 2 ended both episodes: the next prompt is a new one
+        assert [td["history", "prompt"][i].batch_size[-1] for i in range(count)] == [2] * count
+        for step in range(1, steps + 1):
+            td["text", "response"] = [["DISCUSSION\nLook.\n```\nls\n```"]] * count
+            out, td = env.step_and_maybe_reset(td)
+            turns = [step % k or k for k in lengths]  # the turn of its episode each env just played
+            ended = [step % k == 0 for k in lengths]
+            assert out["next", "done"].reshape(-1).tolist() == ended
+            finished = out["next", "history", "prompt"]
+            assert [finished[i].batch_size[-1] for i in range(count)] == [2 + 2 * t for t in turns]
+            following = td["history", "prompt"]
+            assert [following[i].batch_size[-1] for i in range(count)] == [
+                2 if end else 2 + 2 * t for end, t in zip(ended, turns, strict=True)]
+            assert [following[i].role[0][-1] for i in range(count)] == ["user"] * count
+            assert not bool(td["done"].any())
     finally:
         env.close()
     assert_nothing_left(before)
+
+
+def test_parallel_env_with_its_defaults_restarts_each_env_at_its_own_turn():
+    """TorchRL's defaults (``consolidate=True``): the env that ends its episode restarts while the other goes on."""
+    play_parallel((1, 3), steps=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("consolidate", [True, False])
+def test_parallel_env_plays_four_envs_over_episodes_of_different_lengths(consolidate):
+    play_parallel(LENGTHS, steps=8, consolidate=consolidate)

@@ -261,15 +261,6 @@ def test_the_process_registry_pickles_as_a_reference():
     assert make_env.func.__self__ is registry
 
 
-def test_parallel_env_with_its_default_consolidation_fails_at_construction_naming_the_setting(made):
-    from torchrl.envs import ParallelEnv
-
-    before = set(multiprocessing.active_children())  # the session's background replays run in worker processes
-    with pytest.raises(ValueError, match="consolidate=False"):
-        ParallelEnv(2, functools.partial(make, SPEC))
-    assert not set(multiprocessing.active_children()) - before  # nothing was started
-
-
 def test_llm_collector_over_a_threaded_env_pool_groups_episodes_by_query(made):
     from torchrl.collectors.llm import LLMCollector
     from torchrl.envs import AsyncEnvPool

@@ -4,8 +4,8 @@ In order: retry skip, action isolator, reset module, task sampler (``tasks=[...]
 message, message to history, history view (only with a history processor other than ``full``), chat template,
 reward assigner, over a ``BackendEnv`` that steps the backend. The default layout adds the prompt's tokens
 (``input_mode="tokens"``), the context policy (token budgets; a cut reply and an overflowing conversation flagged
-``length`` and ``overflow``), the group key (``query``) and, last, the batch stage that gives the env TorchRL ``ChatEnv``'s batch
-shape ``(1,)``.
+``length`` and ``overflow``), the group key (``query``) and, last, the batch stage that gives the env TorchRL
+``ChatEnv``'s batch shape ``(1,)``.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def build_env(
         context_window: the most tokens of a prompt and its reply; a next prompt that leaves less room than
             ``max_turn_tokens`` is an ``"overflow"`` (so is running out of ``max_episode_tokens``).
         on_length, on_overflow: what a ``"length"``/``"overflow"`` turn does besides being flagged at
-            ``("next", "length")``/``("next", "overflow")``: ``"record"``, ``"mask"`` (``("next", "masked")``), ``"end"`` (truncated), a
-            number (a reward added), or a tuple of those (``transforms.context_policy``).
+            ``("next", "length")``/``("next", "overflow")``: ``"record"``, ``"mask"`` (``("next", "masked")``),
+            ``"end"`` (truncated), a number (a reward added), or a tuple of those (``transforms.context_policy``).
         max_observation_chars: the most characters of a command's output the next user message shows; a longer
             output keeps its head and tail around a note saying how many characters were cut (None: no cap).
     """

@@ -7,7 +7,7 @@ turns and writes each episode's ``.traj`` and ``results.json`` as they grow. The
 that has imported torch, TorchRL and this package (``workers.warm_workers``), not spawned afresh.
 
 On TorchRL 0.14, with string actions and ``History`` data, ``Collector(num_collectors=N)`` was the fastest of the
-options measured (``ParallelEnv`` also works, but only with ``use_buffers=False`` and ``consolidate=False``).
+options measured (``ParallelEnv`` also works, with its defaults: ``transforms/pools.py``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,24 @@ from tensordict import TensorDictBase
 from torchrl.envs import TransformedEnv
 
 from .base import refuse_stepped
-from .pools import adopt_pool, called_by_pool, constructing_pool, for_pool
+from .pools import (
+    adopt_pool,
+    called_by_pool,
+    constructing_pool,
+    for_parallel,
+    for_pool,
+    parallel_worker,
+)
+
+
+def _for_caller(out: TensorDictBase) -> TensorDictBase:
+    """``out`` as the caller of the ``ChainEnv`` method calling this needs it: a ``PoolOutput`` for an
+    ``AsyncEnvPool``, a ``ParallelOutput`` (conversations dense when it consolidates) for a ``ParallelEnv`` worker,
+    else ``out`` itself."""
+    if called_by_pool(3):
+        return for_pool(out)
+    consolidating = parallel_worker(3)
+    return out if consolidating is None else for_parallel(out, consolidating)
 
 
 class ChainEnv(TransformedEnv):
@@ -30,25 +47,19 @@ class ChainEnv(TransformedEnv):
     def step(self, tensordict: TensorDictBase) -> TensorDictBase:
         """``TransformedEnv.step``, after checking that ``tensordict`` is a step's input, not its output."""
         refuse_stepped(tensordict)
-        out = super().step(tensordict)
-        return for_pool(out) if called_by_pool() else out
+        return _for_caller(super().step(tensordict))
 
     def reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         """``TransformedEnv.reset``."""
-        out = super().reset(tensordict, **kwargs)
-        return for_pool(out) if called_by_pool() else out
+        return _for_caller(super().reset(tensordict, **kwargs))
 
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """``TransformedEnv.step_and_maybe_reset``."""
         out, following = super().step_and_maybe_reset(tensordict)
-        if called_by_pool():
-            return for_pool(out), for_pool(following)
-        return out, following
+        return _for_caller(out), _for_caller(following)
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
-        out = super()._reset(tensordict, **kwargs)
-        return for_pool(out) if called_by_pool() else out
+        return _for_caller(super()._reset(tensordict, **kwargs))
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        out = super()._step(tensordict)
-        return for_pool(out) if called_by_pool() else out
+        return _for_caller(super()._step(tensordict))

@@ -6,8 +6,6 @@ history shares the previous one's messages, so a step costs the same at turn 10 
 
 from __future__ import annotations
 
-import sys
-
 from tensordict import TensorDictBase
 
 from .base import ASSISTANT_KEY, ChainTransform, text_of
@@ -15,38 +13,9 @@ from .history import extend_history, message
 from .layout import set_entry
 
 
-def _constructing_batched_env() -> object | None:
-    """The TorchRL batched env whose constructor is checking this env's transforms, if one is (else None)."""
-    from torchrl.envs.batched_envs import BatchedEnvBase
-
-    frame = sys._getframe(1)
-    for _ in range(12):
-        if frame is None:
-            return None
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, BatchedEnvBase):
-            return candidate
-        frame = frame.f_back
-    return None
-
-
 class MessageToHistory(ChainTransform):
     """Appends ``message`` as a user turn (after the assistant turn on a step) to the whole conversation (``history``,
     or ``conversation`` when a history processor shapes ``history``)."""
-
-    def _check_batched_worker_compat(self) -> None:
-        # TorchRL calls this while building a SerialEnv/ParallelEnv over this env. A ParallelEnv consolidates each
-        # worker's output by default, and tensordict 0.14 cannot rebuild a consolidated History (TorchRL's own
-        # ChatEnv fails the same way, at the first reset, leaving its workers running): say so now, with the fix.
-        from torchrl.envs import ParallelEnv
-
-        batched = _constructing_batched_env()
-        if isinstance(batched, ParallelEnv) and batched.consolidate:
-            raise ValueError(
-                "ParallelEnv(..., consolidate=True), TorchRL's default, cannot carry this env's conversation "
-                "(tensordict cannot rebuild a consolidated History in the parent process); pass "
-                "ParallelEnv(n, make_env, consolidate=False), or use AsyncEnvPool or Collector(..., num_collectors=n)"
-            )
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         key = self.layout.stored_history

@@ -1,5 +1,5 @@
-"""What TorchRL's ``AsyncEnvPool`` needs of the env: outputs that stack at any conversation length, and a close that
-releases every sandbox.
+"""What TorchRL's ``AsyncEnvPool`` and ``ParallelEnv`` need of the env: outputs that stack and merge at any
+conversation length, and a close that releases every sandbox.
 
 **Stacking.** A pool stacks its envs' outputs with ``torch.stack`` by default (``stack="dense"``). An env's
 conversation is a ``History`` whose message count is a batch dim, and the policy's token ids, log-probs and masks have
@@ -9,6 +9,10 @@ conversations is one that ``reshape`` (which TorchRL's LLM wrappers call) leaves
 hands to a pool is a ``PoolOutput``: a ``TensorDict`` that ``torch.stack`` stacks lazily, as ``stack="lazy"`` does,
 so each env keeps its own shapes. Only outputs returned to a pool's worker are marked, so everything else
 (``rollout``, a user's own ``torch.stack``) behaves as before.
+
+**ParallelEnv.** What the env returns to a ``ParallelEnv`` worker is a ``ParallelOutput``, whose ``where`` takes
+whole envs when TorchRL merges the envs it restarted into the others; a worker that consolidates (TorchRL's default)
+gets dense conversations, which tensordict 0.14 can rebuild in the parent (a lazy stack it cannot).
 
 **Closing.** TorchRL 0.14's threading pool does not close its envs on ``close()`` (its multiprocessing pool does, in
 each worker), and every ``EnvBase`` counts as closed from construction, so ``collector.shutdown()`` skips
@@ -23,7 +27,7 @@ import weakref
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase, lazy_stack
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_non_tensor, is_tensorclass, lazy_stack
 
 _SEARCHED_FRAMES = 40
 """How far up the stack the pool that is building an env is looked for (the factory's own calls sit in between)."""
@@ -70,6 +74,113 @@ def for_pool(tensordict: TensorDictBase) -> TensorDictBase:
         batch_size=tensordict.batch_size,
         device=tensordict.device,
     )
+
+
+# -- ParallelEnv workers ----------------------------------------------------------------------------------------------
+_WORKER_LOOPS = ("_run_worker_pipe_direct", "_run_worker_pipe_shared_mem")
+"""TorchRL's ``ParallelEnv`` worker loops (``torchrl/envs/batched_envs.py``): they consolidate what the env returns."""
+
+
+def parallel_worker(depth: int = 2) -> bool | None:
+    """Whether the function ``depth`` frames up was called by a ``ParallelEnv`` worker loop: None when it was not,
+    else whether that worker consolidates what the env returns (``consolidate=True``, TorchRL's default). Only that
+    loop's own frame has its locals read."""
+    module = sys.modules.get("torchrl.envs.batched_envs")
+    if module is None:
+        return None
+    frame = sys._getframe(depth)
+    code = frame.f_code
+    if code.co_filename != module.__file__ or code.co_name not in _WORKER_LOOPS:
+        return None
+    return bool(frame.f_locals.get("consolidate", True))
+
+
+class ParallelOutput(TensorDict):
+    """A ``TensorDict`` whose ``where`` merges whole envs: what the env returns to a ``ParallelEnv`` worker.
+
+    When some of a ``ParallelEnv``'s envs end their episode, TorchRL merges their reset outputs into the others'
+    outputs with ``node.where(~reset, other=reset_output, out=node)`` (``torchrl.envs.utils._update_during_reset``).
+    tensordict's ``where`` goes leaf by leaf, down to each message of each conversation, and fails on conversations
+    of different lengths. A ``where`` whose condition is the same across each env's row (one reset flag per env) takes
+    each env's output whole, from one side or the other, and stacks the envs lazily. The class survives the pipe
+    (both pickling and consolidation keep it) and the parent's stacking of its workers' outputs.
+    """
+
+    def where(self, condition: torch.Tensor, other: Any, *, out: TensorDictBase | None = None, pad: Any = None,
+              update_batch_size: bool = False) -> TensorDictBase:
+        """tensordict's ``where``, except that one choice per env (the condition's first dim) takes whole envs."""
+        choices = _row_choices(self, condition, other)
+        if choices is None:
+            return super().where(condition, other, out=out, pad=pad, update_batch_size=update_batch_size)
+        merged = lazy_stack([mine if keep else theirs
+                             for keep, mine, theirs in zip(choices, self.unbind(0), other.unbind(0), strict=True)])
+        if out is None:
+            return merged
+        for key in set(out.keys()) - set(merged.keys()):
+            del out[key]
+        for key in merged.keys():
+            out._set_str(key, merged.get(key), inplace=False, validated=True)
+        return out
+
+
+def _row_choices(tensordict: TensorDictBase, condition: Any, other: Any) -> list[bool] | None:
+    """Per env (first dim), True to keep ``tensordict``'s row, False to take ``other``'s; None when ``condition``
+    is not one choice per env or ``other`` is not a tensordict of the same envs."""
+    if not isinstance(other, TensorDictBase) or tensordict.ndim == 0 or not isinstance(condition, torch.Tensor):
+        return None
+    if other.batch_size[:1] != tensordict.batch_size[:1] or condition.ndim == 0:
+        return None
+    if condition.shape[0] != tensordict.batch_size[0]:
+        return None
+    rows = condition.reshape(condition.shape[0], -1)
+    keep, take = rows.all(1), ~rows.any(1)
+    if not bool((keep | take).all()):
+        return None
+    return keep.tolist()
+
+
+def for_parallel(tensordict: TensorDictBase, consolidating: bool) -> TensorDictBase:
+    """``tensordict`` as a ``ParallelOutput``, its conversations dense when the worker consolidates it."""
+    if consolidating:
+        tensordict = _densified(tensordict)
+    if type(tensordict) is TensorDict:
+        tensordict.__class__ = ParallelOutput
+        return tensordict
+    if isinstance(tensordict, ParallelOutput):
+        return tensordict
+    return ParallelOutput._new_unsafe(
+        source={key: tensordict.get(key) for key in tensordict.keys()},
+        batch_size=tensordict.batch_size,
+        device=tensordict.device,
+    )
+
+
+def _densified(value: Any) -> Any:
+    """``value`` with every lazy stack of tensordicts in it made dense (a tensorclass such as ``History`` keeps its
+    class); strings (``NonTensorData``, ``NonTensorStack``) are left as they are: consolidation carries them. Only
+    what holds a lazy stack is copied, shallowly."""
+    if is_non_tensor(value):
+        return value
+    if is_tensorclass(value):
+        inner = value._tensordict
+        dense = _densified(inner)
+        return value if dense is inner else type(value)._from_tensordict(dense)
+    if isinstance(value, LazyStackedTensorDict):
+        return value.contiguous()
+    if not isinstance(value, TensorDictBase):
+        return value
+    changed = {}
+    for key in value.keys():
+        item = value.get(key)
+        dense = _densified(item)
+        if dense is not item:
+            changed[key] = dense
+    if not changed:
+        return value
+    out = value.copy()
+    for key, dense in changed.items():
+        out.set(key, dense)
+    return out
 
 
 # -- closing -----------------------------------------------------------------------------------------------------------

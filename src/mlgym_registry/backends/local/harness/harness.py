@@ -16,11 +16,11 @@ Two roles, each started by the local backend inside its own sandbox:
 
 ``harness.py serve --workspace DIR --memory-fd M [--go-fd G]``
     Imports the agent's modules and answers calls. Both processes share one memory region (a sealed memfd, ``M``,
-    see ``Link``): requests are written into one half (marshal or pickle data, from the trusted evaluator), answers into the other
-    (tagged bytes: struct-packed ints and lists of ints, else JSON with tuples marked). Whatever the agent's process
-    answers is only ever data to the evaluator, bounded and validated, never code. Each side waits for the other by
-    spinning briefly on the shared memory, then sleeping on a doorbell pipe (stdin here; the evaluator's is in
-    ``--fds``), whose end of file also tells a process that its peer is gone.
+    see ``Link``): requests are written into one half (marshal or pickle data, from the trusted evaluator), answers
+    into the other (tagged bytes: struct-packed ints and lists of ints, else JSON with tuples marked). Whatever the
+    agent's process answers is only ever data to the evaluator, bounded and validated, never code. Each side waits for
+    the other by spinning briefly on the shared memory, then sleeping on a doorbell pipe (stdin here; the evaluator's
+    is in ``--fds``), whose end of file also tells a process that its peer is gone.
 """
 
 from __future__ import annotations
