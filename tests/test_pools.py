@@ -103,11 +103,11 @@ def test_a_dense_pool_under_llm_collector_plays_episodes_of_different_lengths_an
         assert bool(episode["next", "done"][-1].all()) and not bool(episode["next", "done"][:-1].any())
         assert conversation_lengths(episode) == [2 + 2 * t for t in range(turns)]  # system + task, then 2 a turn
         assert episode["query"][0] == TASK
-    collector.shutdown()
-    if backend == "threading":  # the pool counts as open while its envs run, so the collector closed it
-        assert pool.is_closed and all(env.is_closed for env in pool.envs)
-    else:  # TorchRL counts every AsyncEnvPool as closed from the start: closing is the pool's owner's call
-        pool.close()
+    assert not pool.is_closed  # TorchRL counts every AsyncEnvPool closed from the start; ours count while open
+    collector.shutdown()  # so the collector closes the pool, and with it every env and sandbox
+    assert pool.is_closed
+    if backend == "threading":
+        assert all(env.is_closed for env in pool.envs)
     assert_nothing_left(before)
 
 

@@ -129,6 +129,12 @@ class EnvFactory:
                      json.dumps(self.options, sort_keys=True, default=str), self.record_info, self.index, self.seed,
                      self.seed_stride))
 
+    def __getstate__(self) -> dict[str, Any]:
+        from .registry import adopt_pool_being_built
+
+        adopt_pool_being_built()  # pickled for a multiprocessing AsyncEnvPool's worker: that pool must close it
+        return dict(self.__dict__)
+
     @classmethod
     def from_spec(cls, spec: TaskSpec | str, **options: Any) -> EnvFactory:
         """A factory for ``spec`` (a ``TaskSpec`` or a registered name)."""

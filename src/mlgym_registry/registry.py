@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -100,6 +101,16 @@ class ComponentImportError(MLGymRegistryError, ImportError):
 
     def __reduce__(self) -> Any:  # to a worker process and back: the message and fields, not __init__'s arguments
         return (_restore_error, (type(self), self.args, dict(self.__dict__)))
+
+
+def adopt_pool_being_built() -> None:
+    """Called as an env factory is pickled, maybe for the worker of a TorchRL ``AsyncEnvPool`` being set up: make that
+    pool close its envs when it is closed (``transforms.pools.adopt_pool``). Nothing to do, and nothing imported,
+    unless TorchRL's pools are loaded."""
+    if "torchrl.envs.async_envs" in sys.modules:
+        from .transforms.pools import adopt_constructing_pool
+
+        adopt_constructing_pool()
 
 
 def _restore_error(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
@@ -195,6 +206,7 @@ class Registry:
         # ``functools.partial(registry.make, ...)`` and lambdas over it travel to worker processes (TorchRL's
         # ParallelEnv, collectors): the process-wide registry goes as a reference to the worker's own, which loads
         # the plugins from the entry points; another registry goes with its registrations, its plugins reloaded
+        adopt_pool_being_built()
         if self is registry:
             return (_process_registry, ())
         return (_registry_from_state, (self._load_plugins, self._entries))

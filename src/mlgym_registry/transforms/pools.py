@@ -185,8 +185,9 @@ def _densified(value: Any) -> Any:
 
 # -- closing -----------------------------------------------------------------------------------------------------------
 def constructing_pool() -> Any:
-    """The threading ``AsyncEnvPool`` whose setup is building an env right now, if one is (else None). Only frames of
-    the pool's own module have their locals read (for the pool), never a user's."""
+    """The ``AsyncEnvPool`` whose setup is building an env (threading) or sending an env factory to a worker
+    (multiprocessing) right now, if one is (else None). Only frames of the pool's own module have their locals read
+    (for the pool), never a user's."""
     pool_class, pool_file = _pool_class(), _pool_file()
     if pool_class is None:
         return None
@@ -196,15 +197,24 @@ def constructing_pool() -> Any:
             return None
         if frame.f_code.co_filename == pool_file:
             candidate = frame.f_locals.get("self")
-            if isinstance(candidate, pool_class) and hasattr(candidate, "_pool"):  # the thread pool executor
+            if isinstance(candidate, pool_class):
                 return candidate
         frame = frame.f_back
     return None
 
 
+def adopt_constructing_pool() -> None:
+    """``adopt_pool`` the pool being set up, if one is: called as an env factory is pickled for a pool's worker
+    process (``Registry.__reduce__``, ``EnvFactory``), where nothing else of ours runs in the pool's own process."""
+    pool = constructing_pool()
+    if pool is not None:
+        adopt_pool(pool)
+
+
 def adopt_pool(pool: Any) -> None:
-    """Make ``pool`` (a threading ``AsyncEnvPool`` being set up) close its envs when it is closed, and count as open
-    until then, so that ``collector.shutdown()`` closes it. Idempotent."""
+    """Make ``pool`` (an ``AsyncEnvPool`` being set up) count as open until it is closed, so that
+    ``collector.shutdown()`` closes it, and a threading pool close its envs (which live in this process; a
+    multiprocessing pool's workers close theirs). Idempotent."""
     if pool.__dict__.get("_mlgym_adopted"):
         return
     pool.__dict__["_mlgym_adopted"] = True
@@ -214,7 +224,8 @@ def adopt_pool(pool: Any) -> None:
     owner = weakref.ref(pool)  # no cycle through the pool's own __dict__: its __del__ still shuts it down
 
     def shutdown_and_close_envs() -> None:
-        """The pool's own shutdown (its threads end), then each env's ``close()`` (its sandbox ends)."""
+        """The pool's own shutdown (its threads or workers end), then each env here's ``close()`` (its sandbox
+        ends)."""
         pool = owner()
         if pool is None:
             return
