@@ -456,7 +456,7 @@ def test_a_suite_in_worker_processes_records_model_stats_and_a_policy_that_gave_
     assert status == 1  # one run did not end well
     assert len(endpoint.requests) == 2  # a worker done with its episodes calls the model no more
     runs = {}
-    for folder in sorted(out.iterdir()):
+    for folder in sorted(p for p in out.iterdir() if p.is_dir()):  # beside settings.json
         runs[folder.name] = (load_traj(folder / f"{TASK}.traj"), load_results(folder / "results.json"))
     assert sorted(runs) == [f"{MODEL}__{TASK}__run_0", f"{MODEL}__{TASK}__run_1"]
     answered = [t for t, r in runs.values() if "failed" not in r]

@@ -92,7 +92,7 @@ def area(log_ratios: list[float], tasks: int = 2, end: float = 0.5) -> float:
 
 def test_tables_of_a_small_tree(tree, tmp_path, capsys):
     out = tmp_path / "report"
-    assert cli_main(["report", str(tree), "--out", str(out)]) == 0
+    assert cli_main(["report", str(tree), "--out", str(out), "--include-failed"]) == 0
     captured = capsys.readouterr()
     warnings = [line for line in captured.err.splitlines() if line]
     assert len(warnings) == 2, captured.err
@@ -204,7 +204,8 @@ def test_without_matplotlib_everything_else_is_written(tree, tmp_path, capsys, m
     assert cli_main(["report", str(tree), "--out", str(out)]) == 0
     assert "pip install 'mlgym-registry[report]'" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == [
-        "aup_scores.csv", "best_ranks.csv", "best_scores.csv", "last_ranks.csv", "last_scores.csv", "summary.md"
+        "aup_scores.csv", "best_ranks.csv", "best_scores.csv", "last_ranks.csv", "last_scores.csv", "runs.csv",
+        "summary.md"
     ]
     assert "mlgym-registry[report]" in (out / "summary.md").read_text()
 

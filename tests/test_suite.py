@@ -63,7 +63,7 @@ def test_runs_in_workers_and_resumed_in_process_get_the_same_seeded_scores(tmp_p
     out = tmp_path / "suite"
     args = ["bench", "prisonersDilemma", "--runs", "2", "--max-steps", "4", "--seed", "5", "--out", str(out)]
     assert main([*args, "--num-envs", "2", "--quiet"]) == 0
-    folders = sorted(p.name for p in out.iterdir())
+    folders = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert folders == ["scripted__prisonersDilemma__run_0", "scripted__prisonersDilemma__run_1"]
     first = {name: scores(out / name) for name in folders}
     assert all(first.values()) and first[folders[0]] != first[folders[1]]  # each run its own seed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_option_argument(parser)
     add_component_arguments(parser)
     add_openai_arguments(parser)
+    parser.add_argument("--force", action="store_true",
+                        help="resume a folder made with other settings anyway (report shows each settings as its "
+                        "own row)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -80,16 +84,57 @@ def main(args: argparse.Namespace) -> int:
 
         runtime = ray_session(args.ray or None)
     with OutFolder(out, resume=True), runtime:
-        progress, played = suite.play(runs, policy, num_envs=args.num_envs, engine=engine, address=args.ray or None,
-                                      seed=args.seed, on_progress=bar)
-    if bar is not None:
-        bar.close()
+        record = open_record(args, out, policy, model, specs, engine)
+        try:
+            progress, played = suite.play(runs, policy, num_envs=args.num_envs, engine=engine,
+                                          address=args.ray or None, seed=args.seed, on_progress=bar, record=record)
+        finally:
+            if bar is not None:
+                bar.close()
+        close_record(out, record, progress.done, progress.failed)
     for run, result in played:
         print(f"{run.folder.name}: {printable(result.summary())}")
     print(f"{progress.total} runs in {out}: {progress.skipped} already finished, {progress.done} played now"
           + (f", {progress.failed} did not end" if progress.failed else ""))
+    print_totals(record.get("totals") or {})
     print(f"summarise them with: mlgym-registry report {out} --out {out}/report")
     return min(progress.failed, MAX_FAILED_STATUS)
+
+
+def open_record(args: argparse.Namespace, out: Path, policy: str, model: str, specs: list, engine: str | None) -> dict:
+    """Check the folder's settings against this command's (``SettingsMismatch`` unless ``--force``) and open this
+    session in its ``settings.json``."""
+    from ..evaluation import settings
+
+    asked = settings.suite_settings(policy=policy, model=model, max_steps=args.max_steps, seed=args.seed,
+                                    training_timeout=args.training_timeout,
+                                    backend_options=backend_options(args.backend_option),
+                                    components=component_choices(args))
+    hashes = {spec.id: settings.task_hash(spec) for spec in specs}
+    mixed = settings.check_resume(out, asked, hashes, args.force)
+    if mixed:
+        print(f"mlgym-registry: warning: --force: mixing settings in {out}: {mixed[0]}", file=sys.stderr)
+    recorded = {name: getattr(args, name, None) for name in ("timeout", "max_retries", "price_in", "price_out",
+                                                             "num_envs", "runs")}
+    recorded["engine"] = engine
+    return settings.start_suite(out, asked, hashes, recorded, mixed)
+
+
+def close_record(out: Path, record: dict, played: int, failed: int) -> None:
+    """Close this session in the suite's ``settings.json``, with usage totals over the folder's runs."""
+    from ..evaluation import settings
+
+    settings.end_suite(out, record, (folder for folder in sorted(out.iterdir()) if folder.is_dir()), played, failed)
+
+
+def print_totals(totals: dict) -> None:
+    """One line of usage totals, when the policy records usage."""
+    if not totals.get("api_calls") and not totals.get("runs_with_problems"):
+        return
+    print(f"usage over {totals['runs']} runs: {totals['api_calls']} calls, {totals['tokens_sent']} tokens sent, "
+          f"{totals['tokens_received']} received, ${totals['task_cost']:.4f}"
+          + (f"; {totals['runs_with_problems']} runs with problems (not scored by report)"
+             if totals["runs_with_problems"] else ""))
 
 
 class SuiteBar:

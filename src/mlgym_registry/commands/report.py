@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rank TASK by METRIC, in the direction given (else the task's own, else higher is better); for tasks "
         "whose spec names no metric (repeatable)",
     )
+    parser.add_argument("--include-failed", action="store_true",
+                        help="score runs that failed, got no answer, empty answers or no usage too (default: they are "
+                        "listed but left out of scores and ranks)")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the performance-profile PNG")
 
 
@@ -48,7 +51,8 @@ def main(args: argparse.Namespace) -> int:
     for text in args.metric:
         task, metric, higher = parse_metric_choice(text)
         choices[task] = (metric, higher)
-    report = build_report(args.folders, models=args.models, tasks=args.tasks, metric_choices=choices)
+    report = build_report(args.folders, models=args.models, tasks=args.tasks, metric_choices=choices,
+                          include_failed=args.include_failed)
     for bad in report.found.bad_files:
         warn(f"{bad.path} {bad.reason}; its run is reported without it")
     for why in report.unranked.values():
@@ -58,7 +62,9 @@ def main(args: argparse.Namespace) -> int:
     scored = sum(s.score is not None for s in report.statuses)
     print(
         f"{len(report.statuses)} runs ({scored} with a score) of {len(board.models)} models on {len(board.tasks)} "
-        f"tasks; {len(report.failed)} failed, {len(report.incomplete)} without a score, "
+        f"tasks; {len(report.failed)} with problems"
+        f"{'' if args.include_failed else f' ({sum(s.excluded for s in report.statuses)} scores left out)'}, "
+        f"{len(report.incomplete)} without a score, "
         f"{len(report.found.bad_files)} unreadable files"
     )
     for path in written:

@@ -5,16 +5,21 @@
 - ``best_scores.csv``, ``last_scores.csv``: a row per task, a column for the baseline and for each model;
 - ``best_ranks.csv``, ``last_ranks.csv``: a row per task with the columns best first, then the two overall orders;
 - ``aup_scores.csv``: a row per model (and the baseline) with its best-attempt and last-submission AUP;
+- ``runs.csv``: a row per run: its model (and settings), task, folder, exit status, scores, usage and problems;
 - ``summary.md``: those tables, how each task is ranked, run counts, and every failed, incomplete or unreadable run;
 - ``performance_profiles.png``: the profiles (needs matplotlib, the ``[report]`` extra; skipped with a note without).
 
-Numbers in the CSV files are rounded to 3 decimals, as in MLGym's published tables.
+Numbers in the CSV files are rounded to 3 decimals, as in MLGym's published tables. Runs of one model recorded with
+different settings (``settings.json``, written by ``bench``) are different models here, named
+``model[setting=value,...]`` by the settings that differ. Runs with problems (``runs.run_problems``: failed, the
+API failed, no answer, empty answers, no usage) are left out of scores and ranks unless ``include_failed``.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +30,7 @@ from .metrics import BASELINE, BORDA, MEAN_RANK, Leaderboard, Score, TaskResult,
 from .runs import Run, RunSet, find_runs
 from .tasks import TaskMetric, find_spec, resolve_metric, spec_baseline, task_order, task_title
 
+RUNS_TABLE = "runs.csv"
 TABLES = ("best_scores.csv", "last_scores.csv", "best_ranks.csv", "last_ranks.csv", "aup_scores.csv")
 SUMMARY = "summary.md"
 PLOT = "performance_profiles.png"
@@ -44,6 +50,8 @@ class RunStatus:
     score: tuple[float, float] | None
     problem: str | None
     """Why the run has no score (None when it has one)."""
+    excluded: bool = False
+    """True when the run has problems and its score is left out of the tables (no ``include_failed``)."""
 
 
 @dataclass
@@ -58,11 +66,12 @@ class Report:
     unranked: dict[str, str] = field(default_factory=dict)
     left_out: list[Run] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    include_failed: bool = False
 
     @property
     def failed(self) -> list[RunStatus]:
-        """Runs our recorder marked as failed (their scores so far still count)."""
-        return [s for s in self.statuses if s.run.failed]
+        """Runs with problems (``Run.problems``): left out of the tables unless ``include_failed``."""
+        return [s for s in self.statuses if s.run.problems]
 
     @property
     def incomplete(self) -> list[RunStatus]:
@@ -75,12 +84,13 @@ def build_report(
     models: Sequence[str] | None = None,
     tasks: Sequence[str] | None = None,
     metric_choices: Mapping[str, tuple[str, bool | None]] | None = None,
+    include_failed: bool = False,
 ) -> Report:
     """Read the runs under ``folders`` and compute MLGym's leaderboard over them.
 
     ``models``: the model columns, in this order (default: every model found, sorted); ``tasks``: only these tasks;
-    ``metric_choices``: task -> (metric, higher is better or None) overriding the task's own ranking metric.
-    ``ReportError`` when there are no runs to report on.
+    ``metric_choices``: task -> (metric, higher is better or None) overriding the task's own ranking metric;
+    ``include_failed``: score runs with problems too. ``ReportError`` when there are no runs to report on.
     """
     found = find_runs(folders)
     where = ", ".join(str(f) for f in folders)
@@ -100,6 +110,7 @@ def build_report(
             f"(models found: {', '.join(sorted({r.model for r in found.runs}))}; "
             f"tasks found: {', '.join(sorted({r.task for r in found.runs}))})"
         )
+    chosen_models = name_by_settings(kept, chosen_models)
     by_task: dict[str, list[Run]] = {}
     for run in kept:
         by_task.setdefault(run.task, []).append(run)
@@ -125,8 +136,9 @@ def build_report(
         per_model: dict[str, list[tuple[float, float]]] = {}
         for run in runs:
             status = _status(run, metric)
+            status.excluded = bool(run.problems) and not include_failed and status.score is not None
             statuses.append(status)
-            if status.score is not None:
+            if status.score is not None and not status.excluded:
                 per_model.setdefault(run.model, []).append(status.score)
         baseline, note = _baseline(runs, metric, spec)
         if note:
@@ -136,7 +148,40 @@ def build_report(
         unreadable = [f"{bad.path} {bad.reason}" for bad in found.bad_files]  # often why: name them in the one line
         raise ReportError("no task could be ranked: " + "; ".join([*unranked.values(), *unreadable]))
     board = leaderboard(results, chosen_models)
-    return Report([str(f) for f in folders], found, metrics, board, statuses, unranked, left_out, notes)
+    return Report([str(f) for f in folders], found, metrics, board, statuses, unranked, left_out, notes,
+                  include_failed)
+
+
+def name_by_settings(runs: Sequence[Run], models: Sequence[str]) -> list[str]:
+    """Rename the runs of a model recorded with several settings ``model[key=value,...]`` (the keys that differ;
+    ``model[no settings]`` for runs without a record) and return ``models`` with each such model replaced by its
+    names, sorted."""
+    from .settings import flat
+
+    groups: dict[str, dict[str, list[Run]]] = {}
+    for run in runs:
+        key = json.dumps(run.settings, sort_keys=True) if run.settings is not None else ""
+        groups.setdefault(run.model, {}).setdefault(key, []).append(run)
+    names: dict[str, list[str]] = {}
+    for model, by_key in groups.items():
+        if len(by_key) < 2:
+            continue
+        flats = {key: flat(json.loads(key)) if key else {} for key in by_key}
+        differing = sorted({name for f in flats.values() for name in f
+                            if len({json.dumps(g.get(name), sort_keys=True) for k, g in flats.items() if k}) > 1})
+        for key, group in by_key.items():
+            label = ",".join(f"{name}={_setting(flats[key].get(name))}" for name in differing) if key else ""
+            name = f"{model}[{label or 'no settings'}]"
+            names.setdefault(model, []).append(name)
+            for run in group:
+                run.model = name
+    return [name for model in models for name in sorted(names.get(model, [model]))]
+
+
+def _setting(value: object) -> str:
+    if value is None:
+        return "unset"
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
 def _status(run: Run, metric: TaskMetric) -> RunStatus:
@@ -201,13 +246,27 @@ def table_rows(board: Leaderboard) -> dict[str, list[list[str]]]:
     return tables
 
 
+def run_rows(report: Report) -> list[list[str]]:
+    """``runs.csv``: one row per reported run, with whether its score counts and why not."""
+    rows = [["Model", "Task", "Run", "Exit status", "Best", "Last", "API calls", "Tokens sent", "Tokens received",
+             "Cost", "Counted", "Problems"]]
+    for status in report.statuses:
+        run, stats = status.run, status.run.model_stats or {}
+        best, last = status.score if status.score is not None else (None, None)
+        counted = "no score" if status.score is None else "excluded" if status.excluded else "yes"
+        rows.append([run.model, run.task, Path(run.label).name, run.exit_status or "", _number(best), _number(last),
+                     *(str(stats.get(key, "")) for key in ("api_calls", "tokens_sent", "tokens_received")),
+                     str(stats.get("task_cost", "")), counted, "; ".join(run.problems)])
+    return rows
+
+
 def write_report(report: Report, out: str | Path, plot: bool = True) -> list[Path]:
     """Write the tables, the summary and (when ``plot`` and matplotlib allow) the plot into ``out``; the paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     tables = table_rows(report.board)
-    for name, rows in tables.items():
+    for name, rows in {**tables, RUNS_TABLE: run_rows(report)}.items():
         buffer = io.StringIO()
         csv.writer(buffer, lineterminator="\n").writerows(rows)
         (out / name).write_text(buffer.getvalue(), encoding="utf-8")
@@ -272,6 +331,10 @@ def _exit_status(run: Run) -> str:
     return run.exit_status or "none recorded"
 
 
+def _counted(status: RunStatus) -> bool:
+    return status.score is not None and not status.excluded
+
+
 def summary_markdown(
     report: Report, tables: Mapping[str, Sequence[Sequence[str]]], plot_note: str | None, plotted: bool
 ) -> str:
@@ -284,6 +347,13 @@ def summary_markdown(
         f"{len(statuses)} reported here ({sum(s.score is not None for s in statuses)} with a score), "
         f"{len(board.models)} models, {len(board.tasks)} tasks."
     )
+    excluded = sum(s.excluded for s in statuses)
+    if report.failed:
+        lines.append(
+            f"{len(report.failed)} runs have problems (failed, no answer, empty answers or no usage)"
+            + (f": {excluded} scores left out of the tables." if excluded else ", counted (--include-failed).")
+        )
+    lines.append(f"`{RUNS_TABLE}` lists every run, its usage and whether its score counts.")
     if report.left_out:
         lines.append(
             f"{len(report.left_out)} runs are of models or tasks not asked for and left out: "
@@ -312,16 +382,18 @@ def summary_markdown(
     if report.notes or report.unranked:
         lines.append("")
 
-    lines += ["## Runs per model and task", "", "Runs with a score / runs found.", ""]
+    counted = "Runs with a counted score / runs found" + (
+        "." if report.include_failed else " (runs with problems are not counted: see Failed runs below).")
+    lines += ["## Runs per model and task", "", counted, ""]
     rows = [["Model", *(t.title for t in board.tasks), "Total", "Failed", "Without a score"]]
     for model in board.models:
         mine = [s for s in statuses if s.run.model == model]
         cells = []
         for task in board.tasks:
             these = [s for s in mine if s.run.task == task.task]
-            cells.append(f"{sum(s.score is not None for s in these)}/{len(these)}")
-        total = f"{sum(s.score is not None for s in mine)}/{len(mine)}"
-        failed = sum(1 for s in mine if s.run.failed)
+            cells.append(f"{sum(_counted(s) for s in these)}/{len(these)}")
+        total = f"{sum(_counted(s) for s in mine)}/{len(mine)}"
+        failed = sum(1 for s in mine if s.run.problems)
         rows.append([model, *cells, total, str(failed), str(sum(s.score is None for s in mine))])
     lines += _md_table(rows) + [""]
     if any(s.run.exit_status for s in statuses):
@@ -352,9 +424,12 @@ def summary_markdown(
 
     lines += ["## Failed runs", ""]
     if report.failed:
-        lines += ["Our recorder gave up on these runs; the scores they reached still count.", ""]
-        lines += [f"- `{s.run.label}`: {s.run.failed}" + (f" ({s.problem})" if s.problem else "")
-                  for s in report.failed]
+        fate = ("the scores they reached still count (--include-failed)" if report.include_failed
+                else "their scores are left out of every table (--include-failed counts them)")
+        lines += [f"{len(report.failed)} runs failed, got no answer, empty answers or answers without usage; {fate}. "
+                  f"Per model: {_counts(s.run.model for s in report.failed)}.", ""]
+        lines += [f"- `{s.run.label}` ({s.run.model}, {s.run.task}): {'; '.join(s.run.problems)}"
+                  + (f" ({s.problem})" if s.problem else "") for s in report.failed]
     else:
         lines.append("None.")
     lines += ["", "## Runs without a score", ""]

@@ -34,6 +34,26 @@ TRAJ = ".traj"
 TAIL_BYTES = 65536
 _RUN_SUFFIX = re.compile(r"_run[-_]?\d+$")
 _EXIT_STATUS = re.compile(rb'"exit_status"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_MODEL_STATS = re.compile(rb'"model_stats"\s*:\s*(\{[^{}]*\})')
+SETTINGS = "settings.json"
+
+
+def run_problems(failed: str | None, exit_status: str | None, model_stats: dict[str, Any] | None) -> list[str]:
+    """Why a run's score cannot be trusted: it failed, its model's API failed (``exit_api``), the model never
+    answered, answered with empty content, or answered without usage. Empty for a sound run."""
+    problems = []
+    if failed:
+        problems.append(f"failed: {failed}")
+    if exit_status and "exit_api" in exit_status:
+        problems.append(f"the model's API failed ({exit_status})")
+    stats = model_stats or {}
+    if stats.get("api_calls") == 0:
+        problems.append("no answer from the model (api_calls 0)")
+    if stats.get("empty_responses"):
+        problems.append(f"{stats['empty_responses']} answers with empty content")
+    if stats.get("missing_usage"):
+        problems.append(f"{stats['missing_usage']} answers without usage (tokens and cost unknown)")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,10 @@ class Run:
     results: dict[str, Any] | None = None
     unreadable: str | None = None
     exit_status: str | None = None
+    model_stats: dict[str, Any] | None = None
+    """The ``.traj``'s ``info.model_stats`` (usage of the model), None when it records none."""
+    settings: dict[str, Any] | None = None
+    """The ``settings`` of the run's ``settings.json`` (written by ``bench``), None when there is none."""
 
     @property
     def failed(self) -> str | None:
@@ -63,6 +87,11 @@ class Run:
         if self.results is None or not self.results.get("failed"):
             return None
         return str(self.results["failed"])
+
+    @property
+    def problems(self) -> list[str]:
+        """Why this run's score cannot be trusted (see ``run_problems``); empty for a sound run."""
+        return run_problems(self.failed, self.exit_status, self.model_stats)
 
     @cached_property
     def attempts(self) -> list[dict[str, float]]:
@@ -173,8 +202,39 @@ def _read(run: Run, bad_files: list[BadFile]) -> None:
     if run.traj_path is not None:
         status, problem = read_exit_status(run.traj_path)
         run.exit_status = status
+        run.model_stats = read_model_stats(run.traj_path)
         if problem:
             bad_files.append(BadFile(run.traj_path, problem))
+    if run.results_path is not None and run.results_path.name == RESULTS:  # bench's layout: one folder per run
+        run.settings = _read_settings(run.results_path.parent / SETTINGS)
+
+
+def _read_settings(path: Path) -> dict[str, Any] | None:
+    try:
+        data = load_json(path.read_bytes())
+    except (OSError, ValueError, MemoryError):
+        return None
+    settings = data.get("settings") if isinstance(data, dict) else None
+    return settings if isinstance(settings, dict) else None
+
+
+def read_model_stats(path: Path) -> dict[str, Any] | None:
+    """``info.model_stats`` of a ``.traj`` from its last bytes (MLGym writes ``info`` last); None when absent."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - TAIL_BYTES))
+            tail = handle.read()
+    except OSError:
+        return None
+    matches = list(_MODEL_STATS.finditer(tail))
+    if not matches:
+        return None
+    try:
+        stats = json.loads(matches[-1].group(1))
+    except ValueError:
+        return None
+    return stats if isinstance(stats, dict) else None
 
 
 def _results_problem(data: Any) -> str | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..episode import EpisodeResult
+from ..policies.base import Policy
 from ..specs import TaskSpec
 
 RUN_FOLDER = re.compile(r"^(?P<model>.+?)__(?P<task>.+)__run_(?P<number>\d+)$")
@@ -140,12 +141,15 @@ def play(
     seed: int | None = None,
     options: dict[str, Any] | None = None,
     on_progress: ProgressCallback | None = None,
+    record: dict[str, Any] | None = None,
 ) -> tuple[SuiteProgress, list[tuple[SuiteRun, EpisodeResult]]]:
     """Play every run of ``runs`` that is not finished yet; return the progress and each played run's result.
 
     With ``num_envs`` 1 and no ``engine`` the runs are played one by one in this process; otherwise up to
-    ``num_envs`` at once through ``parallel.run_episodes`` (``engine`` ``"process"`` or ``"ray"``). A run about to be
-    played again loses what its folder held.
+    ``num_envs`` at once through ``parallel.run_episodes`` (``engine`` ``"process"`` or ``"ray"``). Either way a
+    policy that gives up (``PolicyError``: the API failed) ends only its run, with MLGym's ``exit_api``, and the suite
+    goes on. A run about to be played again loses what its folder held. With ``record`` (the suite's settings record,
+    ``settings.start_suite``) each run's folder gets its ``settings.json``.
     """
     pending = [run for run in runs if not run.finished]
     progress = SuiteProgress(total=len(runs), skipped=len(runs) - len(pending))
@@ -157,6 +161,9 @@ def play(
             if run.folder.exists():
                 shutil.rmtree(run.folder)
         first_seed = None if seed is None else seed + group[0].number
+        if record is not None:
+            for run in group:
+                _start_record(run, record, None if seed is None else seed + run.number)
         if engine is None and num_envs == 1:
             results = [_play_here(group[0], policy, first_seed, options, progress, on_progress)]
         else:
@@ -165,6 +172,8 @@ def play(
         for index, run in enumerate(group):
             result = results[index] if index < len(results) else _never_started(run)
             played.append((run, result))
+            if record is not None:
+                _end_record(run, result)
             if result.finished and not result.failure:
                 progress.done += 1
             else:
@@ -184,7 +193,7 @@ def _play_here(run: SuiteRun, policy_text: str, seed: int | None, options: dict[
 
     writer = TrajectoryWriter(run.folder, task_stem(run.spec.id), baseline=run.spec.baseline,
                               environment=f"mlgym_registry:{run.spec.backend}")
-    policy = make_policy(policy_text, task_id=run.spec.id)
+    policy = GiveUpWithExitApi(make_policy(policy_text, task_id=run.spec.id))
     env = registry.make(run.spec, batch_size=(), **(options or {}))
 
     def on_turn(turn: Any) -> None:
@@ -193,7 +202,11 @@ def _play_here(run: SuiteRun, policy_text: str, seed: int | None, options: dict[
             on_progress(progress)
 
     try:
-        return run_episode(env, policy, spec=run.spec, writer=writer, on_turn=on_turn, seed=seed)
+        result = run_episode(env, policy, spec=run.spec, writer=writer, on_turn=on_turn, seed=seed)
+        if policy.error:  # as a worker records it (parallel.TextPolicy): the run ended with exit_api, and failed
+            result.failure = policy.error
+            writer.fail(policy.error, info=result.info)
+        return result
     except BaseException as exc:  # the files stay valid and say why the run ended early; a later run redoes it
         if not writer.failure:  # the episode records a policy's failure itself
             writer.fail("interrupted before the episode ended" if isinstance(exc, KeyboardInterrupt)
@@ -202,6 +215,74 @@ def _play_here(run: SuiteRun, policy_text: str, seed: int | None, options: dict[
     finally:
         env.close()
         policy.close()
+
+
+class GiveUpWithExitApi(Policy):
+    """A policy that answers MLGym's ``exit_api`` (which autosubmits) once the policy it wraps gives up
+    (``PolicyError``), and keeps why in ``error``: what a worker process does (``parallel.TextPolicy``), so one run at a
+    time fails the same way as several at once."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.name = policy.name
+        self.version = policy.version
+        self.error = ""
+
+    def reset(self, spec: Any = None) -> None:
+        """Start a new episode."""
+        self.error = ""
+        self.policy.reset(spec)
+
+    def respond(self, messages: Any) -> str:
+        """The wrapped policy's answer, or ``exit_api`` once it gave up."""
+        from ..parallel import GAVE_UP_RESPONSE
+        from ..policies.base import PolicyError
+
+        if self.error:
+            return GAVE_UP_RESPONSE
+        try:
+            return self.policy(messages)
+        except PolicyError as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            return GAVE_UP_RESPONSE
+
+    def last_generation(self) -> Any:
+        """The wrapped policy's (None after it gave up)."""
+        return None if self.error else self.policy.last_generation()
+
+    def stats(self) -> dict[str, Any] | None:
+        """The wrapped policy's usage."""
+        return self.policy.stats()
+
+    def close(self) -> None:
+        """Close the wrapped policy."""
+        self.policy.close()
+
+
+def _start_record(run: SuiteRun, record: dict[str, Any], seed: int | None) -> None:
+    from . import settings
+
+    digest = (record.get("tasks") or {}).get(run.spec.id, "")
+    settings.write(run.folder / settings.SETTINGS, settings.run_record(
+        record, task=run.spec.id, number=run.number, task_digest=digest, seed=seed, max_steps=run.spec.max_steps))
+
+
+def _end_record(run: SuiteRun, result: EpisodeResult) -> None:
+    """The run's end, usage and problems in its ``settings.json``; the problems in its ``results.json`` too."""
+    from . import settings
+    from .runs import run_problems
+
+    path = run.folder / settings.SETTINGS
+    data = settings.read(path) or {}
+    status = (result.info or {}).get("exit_status")
+    usage = settings.usage_of(result.info)
+    problems = run_problems(result.failure or None, str(status) if status else None,
+                            (result.info or {}).get("model_stats"))
+    data.update(ended=settings.now(), exit_status=status, usage=usage, problems=problems)
+    settings.write(path, data)
+    results = settings.read(run.folder / "results.json")
+    if problems and results is not None:
+        settings.write(run.folder / "results.json", {**results, "problems": problems})
 
 
 def _play_many(group: list[SuiteRun], policy: str, engine: str, address: str | None, seed: int | None,

@@ -82,12 +82,16 @@ class ModelStats:
     api_calls: int = 0
     api_retries: int = 0
     context_trims: int = 0
+    empty_responses: int = 0
+    """Answers whose content was empty or null."""
+    missing_usage: int = 0
+    """Answers without ``usage``: their tokens and cost are unknown (counted as 0)."""
 
     def to_dict(self) -> dict[str, Any]:
         """MLGym's keys in its order, then ``instance_cost`` (MLGym's log name for ``task_cost``) and ours."""
         data = asdict(self)
-        retries, trims = data.pop("api_retries"), data.pop("context_trims")
-        return {**data, "instance_cost": self.task_cost, "api_retries": retries, "context_trims": trims}
+        ours = {key: data.pop(key) for key in ("api_retries", "context_trims", "empty_responses", "missing_usage")}
+        return {**data, "instance_cost": self.task_cost, **ours}
 
 
 class OpenAIPolicy(Policy):
@@ -250,6 +254,8 @@ class OpenAIPolicy(Policy):
         stats.tokens_received += received
         stats.task_cost += cost
         stats.total_cost += cost
+        stats.missing_usage += usage is None
+        stats.empty_responses += not text
         return text or ""
 
     def _wait(self, failures: int, exc: Exception) -> None:

@@ -1,0 +1,271 @@
+"""The settings record of a suite and of each of its runs (``settings.json``), and the resume check built on it.
+
+A suite folder holds ``settings.json`` (what ``bench`` was asked to play, each session that played into the folder,
+package versions and usage totals) and every run folder its own ``settings.json`` (the same settings, its task's
+hash and seed, start and end times, usage and what went wrong). Two runs are comparable when their ``settings``
+entries are equal: ``report`` puts runs of one model with different settings in different rows. A resume whose
+``settings`` (or the hash of a task already in the folder) differ from the folder's is refused, naming each
+difference, unless forced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ..errors import MLGymRegistryError
+from ..specs import TaskSpec
+
+SETTINGS = "settings.json"
+FORMAT = 1
+PACKAGES = ("mlgym-registry", "torch", "torchrl", "tensordict", "transformers", "openai")
+HASHED_FILE_LIMIT = 64 * 1024 * 1024
+"""Files larger than this enter a task's hash by name and size only (datasets)."""
+USAGE_KEYS = ("api_calls", "tokens_sent", "tokens_received", "task_cost", "api_retries", "empty_responses",
+              "missing_usage")
+SAMPLING = ("temperature", "top_p", "max_tokens")
+
+
+class SettingsMismatch(MLGymRegistryError):
+    """A resume asked for other settings than the suite folder was made with."""
+
+
+def now() -> str:
+    """The current time, ISO 8601 in UTC to the second."""
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+
+
+def public_endpoint(url: str | None) -> str | None:
+    """``url`` without user, password, query or fragment: where a key could hide."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def policy_settings(policy: str) -> dict[str, Any]:
+    """The endpoint and sampling settings of a policy string (a ``PolicyText`` carries the openai options).
+
+    Only the openai policy is built here (it connects on its first call only); other policies have neither.
+    """
+    if str(policy).partition(":")[0] != "openai":
+        return {"endpoint": None, "sampling": {}}
+    from ..policies import make_policy
+
+    built = make_policy(policy)
+    try:
+        return {"endpoint": public_endpoint(built.url), "sampling": dict(built.sampling)}
+    finally:
+        built.close()
+
+
+def package_versions() -> dict[str, str | None]:
+    """The versions of Python and of the packages a run's numbers depend on (None: not installed)."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def task_hash(spec: TaskSpec) -> str:
+    """``sha256:...`` of the task as played: its spec (without where it was loaded from) and the contents of its
+    starter code, sample submission, requirements and memory files."""
+    digest = hashlib.sha256()
+    data = {k: v for k, v in spec.to_dict().items() if k not in ("root", "source")}
+    digest.update(json.dumps(data, sort_keys=True).encode())
+    named = [*spec.starter_code, spec.sample_submission, spec.requirements_path, spec.memory_path]
+    for name in (n for n in named if n):
+        for path, label in _files(spec.resolve_path(name), name):
+            digest.update(f"\0{label}\0".encode())
+            _hash_file(digest, path)
+    return "sha256:" + digest.hexdigest()
+
+
+def _files(path: Path, label: str) -> Iterable[tuple[Path, str]]:
+    if path.is_dir():
+        for here, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                full = Path(here) / name
+                yield full, f"{label}/{full.relative_to(path).as_posix()}"
+    else:
+        yield path, label
+
+
+def _hash_file(digest: Any, path: Path) -> None:
+    try:
+        size = path.stat().st_size
+        if size > HASHED_FILE_LIMIT:
+            digest.update(f"size {size}".encode())
+            return
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        digest.update(b"missing")
+
+
+def suite_settings(*, policy: str, model: str, max_steps: int | None, seed: int | None,
+                   training_timeout: int | None = None, backend_options: Mapping[str, Any] | None = None,
+                   components: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings that make two suites' runs comparable: a resume must ask for the same ones."""
+    return {
+        "policy": str(policy),
+        "model": model,
+        **policy_settings(policy),
+        "max_steps": max_steps,
+        "seed": seed,
+        "training_timeout": training_timeout,
+        "backend_options": dict(backend_options or {}),
+        "components": dict(components or {}),
+    }
+
+
+def flat(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with ``sampling`` spread into its keys (``temperature``, ...), the names users know."""
+    out = {k: v for k, v in settings.items() if k != "sampling"}
+    out.update(settings.get("sampling") or {})
+    return out
+
+
+def differences(before: Mapping[str, Any], now_: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(name, before, now)`` for each flat setting that differs (a sampling value not sent shows as None)."""
+    old, new = flat(before), flat(now_)
+    return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+
+
+def describe(changes: Sequence[tuple[str, Any, Any]]) -> str:
+    """``max_steps 5 (now 3), temperature unset (now 1.5)``."""
+    def shown(value: Any) -> str:
+        return "unset" if value is None else json.dumps(value) if isinstance(value, (dict, list, str)) else str(value)
+
+    return ", ".join(f"{name} {shown(old)} (now {shown(new)})" for name, old, new in changes)
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    """A ``settings.json`` as a dict; None when absent or unreadable."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write(path: Path, data: Mapping[str, Any]) -> None:
+    """Write a ``settings.json`` atomically."""
+    from ..trajectories import atomic_write_json
+
+    atomic_write_json(Path(path), json.loads(json.dumps(data, default=str)))
+
+
+def check_resume(out: Path, settings: Mapping[str, Any], tasks: Mapping[str, str], force: bool) -> list[str]:
+    """Compare a suite folder's recorded settings with those asked for now; return the differences as text.
+
+    ``SettingsMismatch`` when they differ and ``force`` is false. A folder without a record (new, or from before
+    records) has nothing to compare.
+    """
+    recorded = read(Path(out) / SETTINGS)
+    if recorded is None or not isinstance(recorded.get("settings"), dict):
+        return []
+    changes = differences(recorded["settings"], settings)
+    old_tasks = recorded.get("tasks") or {}
+    changes += [(f"task {task}", "hash " + old_tasks[task][:19], "hash " + digest[:19])
+                for task, digest in tasks.items() if task in old_tasks and old_tasks[task] != digest]
+    if not changes:
+        return []
+    text = describe(changes)
+    if not force:
+        raise SettingsMismatch(
+            f"{out} holds runs made with other settings: {text}; run with the settings recorded in "
+            f"{Path(out) / SETTINGS}, pass --force to mix both settings in this folder (report shows each as its own "
+            f"row), or choose a new --out folder"
+        )
+    return [text]
+
+
+def start_suite(out: Path, settings: Mapping[str, Any], tasks: Mapping[str, str], recorded: Mapping[str, Any],
+                mixed: list[str]) -> dict[str, Any]:
+    """Open a session in the suite's ``settings.json`` (created when missing) and return the record."""
+    path = Path(out) / SETTINGS
+    record = read(path) or {"format": FORMAT, "settings": dict(settings), "tasks": {}, "started": now(),
+                            "sessions": []}
+    record.setdefault("sessions", [])
+    record["tasks"] = {**record.get("tasks", {}), **tasks}
+    session: dict[str, Any] = {"started": now(), "ended": None, "recorded": dict(recorded),
+                               "versions": package_versions()}
+    if mixed:
+        session["settings"] = dict(settings)
+        session["forced"] = mixed[0]
+    record["sessions"].append(session)
+    record["versions"] = session["versions"]
+    record["ended"] = None
+    write(path, record)
+    return record
+
+
+def end_suite(out: Path, record: dict[str, Any], run_folders: Iterable[Path], played: int, failed: int) -> None:
+    """Close the session: its end, the runs it played, and usage totals over every run recorded in the folder."""
+    session = record["sessions"][-1]
+    session.update(ended=now(), played=played, failed=failed)
+    record["ended"] = session["ended"]
+    record["totals"] = usage_totals(read(folder / SETTINGS) for folder in run_folders)
+    write(Path(out) / SETTINGS, record)
+
+
+def usage_totals(records: Iterable[dict[str, Any] | None]) -> dict[str, Any]:
+    """Runs, runs with problems, and the sums of their known usage (``runs_without_usage`` counts the others)."""
+    totals: dict[str, Any] = {"runs": 0, "runs_with_problems": 0, "runs_without_usage": 0}
+    totals.update({key: 0 for key in USAGE_KEYS})
+    for record in records:
+        if record is None:
+            continue
+        totals["runs"] += 1
+        totals["runs_with_problems"] += bool(record.get("problems"))
+        usage = record.get("usage")
+        if not isinstance(usage, dict):
+            totals["runs_without_usage"] += 1
+            continue
+        for key in USAGE_KEYS:
+            value = usage.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                totals[key] += value
+    return totals
+
+
+def run_record(suite: Mapping[str, Any], *, task: str, number: int, task_digest: str, seed: int | None,
+               max_steps: int) -> dict[str, Any]:
+    """The start of a run's ``settings.json``: the suite's settings, the task's hash, the run's seed."""
+    session = suite["sessions"][-1]
+    return {
+        "format": FORMAT,
+        "settings": dict(session.get("settings") or suite["settings"]),
+        "task": task,
+        "run": number,
+        "task_hash": task_digest,
+        "run_seed": seed,
+        "task_max_steps": max_steps,
+        "recorded": session["recorded"],
+        "versions": session["versions"],
+        "started": now(),
+        "ended": None,
+    }
+
+
+def usage_of(info: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The usage keys of an episode's ``info["model_stats"]``; None when the policy records none."""
+    stats = (info or {}).get("model_stats")
+    usage = {key: stats[key] for key in USAGE_KEYS if key in stats} if isinstance(stats, dict) else {}
+    return usage or None
