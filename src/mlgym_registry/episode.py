@@ -99,9 +99,9 @@ class EpisodeResult:
     @property
     def improvement(self) -> float | None:
         """Score minus baseline on the priority metric (positive is better, whatever the metric's direction)."""
-        from .components.rewards import metric_delta
+        from .components.rewards import find_metric, metric_delta
 
-        if self.score is None or self.metric is None or self.metric not in self.score:
+        if self.score is None or self.metric is None or find_metric(self.metric, self.score) is None:
             return None
         return metric_delta(self.score, self.baseline, self.spec)
 
@@ -126,8 +126,13 @@ class EpisodeResult:
         metric = self.metric
         if self.score is None or metric is None:
             return f"exit status: {status}; no score (baseline: {self.baseline})"
-        score = self.score.get(metric)
-        base = (self.baseline or {}).get(metric)
+        from .components.rewards import find_metric
+
+        score = self.score.get(find_metric(metric, self.score) or metric)
+        base = (self.baseline or {}).get(find_metric(metric, self.baseline or {}) or metric)
+        if score is None:
+            return f"exit status: {status}; the score {self.score} lacks the task's metric {metric!r} (baseline: " \
+                   f"{self.baseline})"
         verdict = ""
         if self.improvement is not None and base is not None:
             verdict = " (above the baseline)" if self.improvement > 0 else " (not above the baseline)"

@@ -416,6 +416,7 @@ class Registry:
                 raise InvalidOverrideError(unknown, valid)
             backend_options.update(overrides)
         validate_task_options(spec, backend_options, accepted)
+        refuse_metric_mismatch(spec)
         check_available = getattr(backend_factory, "check_available", None)
         if callable(check_available):  # a backend that cannot run on this machine says so now, not at reset
             check_available(**backend_options)
@@ -551,3 +552,13 @@ def _registry_from_state(load_plugins: bool, entries: dict[str, dict[str, Entry]
 
 registry = Registry()
 """The process-wide registry every user starts from: ``from mlgym_registry import registry``."""
+
+
+def refuse_metric_mismatch(spec: TaskSpec) -> None:
+    """``InvalidTaskError`` when the task rewards a metric its baseline does not hold (``baseline_metric_problem``):
+    known before anything runs, so ``make`` says it rather than every scored step failing."""
+    from .components.rewards import baseline_metric_problem
+
+    problem = baseline_metric_problem(spec)
+    if problem is not None:
+        raise InvalidTaskError(problem)

@@ -538,6 +538,7 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
             report.problems.append(f"{path!r} is not among the starter files {sorted(starter_names)}")
     if not spec.evaluation_paths:
         report.problems.append("no evaluation_paths: the task has no evaluator")
+    report.problems.extend(_metric_name_problems(spec))
     if report.problems:
         return _conclude(report, raise_on_failure)
     for seed in range(runs):
@@ -546,8 +547,18 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
         except MLGymRegistryError as exc:
             report.problems.append(str(exc))
             return _conclude(report, raise_on_failure)
+    report.problems.extend(_metric_name_problems(spec, report.runs[0].metrics if report.runs else None))
     _compare_baseline(report)
     return _conclude(report, raise_on_failure)
+
+
+def _metric_name_problems(spec: TaskSpec, metrics: dict[str, float] | None = None) -> list[str]:
+    """Mismatches between the metric the task is rewarded on and its baseline (``metrics`` None) or what its
+    evaluator printed (``metrics``): each would make every scored step an ``infra_error``."""
+    from .components.rewards import baseline_metric_problem, evaluation_metric_problem
+
+    problem = baseline_metric_problem(spec) if metrics is None else evaluation_metric_problem(metrics, spec)
+    return [problem] if problem is not None else []
 
 
 def _load_task(task: TaskSpec | str | Path) -> TaskSpec:
@@ -566,8 +577,10 @@ def _compare_baseline(report: TaskCheck) -> None:
     if not spec.baseline:
         report.problems.append("no baseline_scores recorded; run the evaluator on the starter code and record them")
         return
+    from .components.rewards import find_metric
+
     for metric, recorded in spec.baseline.items():
-        values = [run.metrics.get(metric) for run in report.runs]
+        values = [run.metrics.get(find_metric(metric, run.metrics) or metric) for run in report.runs]
         if any(value is None for value in values):
             report.problems.append(f"the evaluator did not print the baseline metric {metric!r}")
             continue

@@ -572,14 +572,17 @@ class MLGymBackend:
 def refuse_unprotected_files(spec: TaskSpec) -> None:
     """Raise ``InvalidTaskError`` for a task with ``secret_files`` or ``protected_files``: MLGym cannot keep them.
 
-    The evaluator's modules that ``mlgym_source`` protects in MLGym's own task files (a game's opponent) do not count:
-    the file asks for no such protection, and this backend runs the task exactly as MLGym does."""
-    from ..tasks import mlgym_source
+    What ``mlgym_source`` adds to MLGym's own task files does not count: the evaluator's modules it protects (a game's
+    opponent) and the overlay's evaluator-only files (titanic's ground truth). The task file asks for neither, and
+    this backend runs the task exactly as MLGym does: those files stay readable by the agent there."""
+    from ..tasks import mlgym_overlay, mlgym_source
 
-    inferred = set(mlgym_source.evaluator_modules(spec)) if mlgym_source.TAG in spec.tags else set()
+    ours = mlgym_source.TAG in spec.tags
+    inferred = set(mlgym_source.evaluator_modules(spec)) if ours else set()
+    overlay = set(mlgym_overlay.overlay_secret_files(spec.id)) if ours else set()
     protected = [p for p in spec.protected_files if p not in inferred]
-    fields = {name: value for name, value in (("secret_files", spec.secret_files), ("protected_files", protected))
-              if value}
+    secret = [p for p in spec.secret_files if p not in overlay]
+    fields = {name: value for name, value in (("secret_files", secret), ("protected_files", protected)) if value}
     if not fields:
         return
     named = " and ".join(f"{name}={value}" for name, value in fields.items())

@@ -40,6 +40,25 @@ class ScoreError(ValueError):
     """A score that cannot be turned into a reward (unreadable metrics, or no way to choose the metric)."""
 
 
+class MetricNameError(ScoreError):
+    """The metric to reward is not among an evaluation's (or the baseline's) metrics: the task names its metric one
+    way and its evaluator another. The task's fault, never the agent's."""
+
+
+def find_metric(name: str, metrics: Mapping[str, Any]) -> str | None:
+    """The key of ``metrics`` that holds the metric ``name``: ``name`` itself, else the only key equal to it ignoring
+    case (titanic's evaluator prints ``accuracy`` where its baseline says ``Accuracy``), else None.
+
+    MLGym looks a metric up by its exact name and skips a result without it; it never compares the evaluator's
+    names with the baseline's (``validate`` prints both dicts side by side). Matching case-insensitively is ours, so
+    a task whose two dicts differ only in case still has a baseline to beat.
+    """
+    if name in metrics:
+        return name
+    folded = [key for key in metrics if str(key).casefold() == name.casefold()]
+    return folded[0] if len(folded) == 1 else None
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """A metric dict printed as a Python repr (``{'Score': 2.37}``) as a dict of floats.
 
@@ -144,7 +163,7 @@ def priority_metric(metrics: Mapping[str, float], spec: Any = None) -> str:
     if len(metrics) == 1:
         return next(iter(metrics))
     known = _mlgym_metric(spec)
-    if known is not None and known.name in metrics:
+    if known is not None and find_metric(known.name, metrics) is not None:
         return known.name
     if "Score" in metrics:
         return "Score"
@@ -168,11 +187,60 @@ def metric_delta(evaluation: Mapping[str, float], baseline: Mapping[str, float] 
     """Evaluation minus baseline on the priority metric, sign flipped when lower is better (see ``lower_is_better``).
     A missing baseline (or baseline metric) counts as 0."""
     metric = priority_metric(evaluation, spec)
-    if metric not in evaluation:
-        raise ScoreError(f"metric {metric!r} is not among the evaluation metrics {sorted(evaluation)}")
-    base = (baseline or {}).get(metric, 0.0)
-    delta = float(evaluation[metric]) - float(base)
+    key = find_metric(metric, evaluation)
+    if key is None:
+        raise MetricNameError(mismatch_message(metric, evaluation, baseline, spec))
+    base_key = find_metric(metric, baseline or {})
+    base = (baseline or {})[base_key] if base_key is not None else 0.0
+    delta = float(evaluation[key]) - float(base)
     return -delta if lower_is_better(spec) else delta
+
+
+def mismatch_message(
+    metric: str, evaluation: Mapping[str, Any], baseline: Mapping[str, Any] | None, spec: Any = None
+) -> str:
+    """Why an evaluation cannot be rewarded: the names on both sides, and the fix."""
+    task = _field(spec, "id") or "?"
+    return (
+        f"task {task!r} is rewarded on the metric {metric!r}; its evaluator printed the metrics {sorted(evaluation)} "
+        f"and its baseline holds {sorted(baseline or {})}, so the two cannot be compared. This is the task's fault, "
+        f"not the agent's: name one metric the same way (up to case) in the evaluator's output, the baseline_scores "
+        f"and extra.priority_metric (e.g. priority_metric: {sorted(evaluation)[0] if evaluation else metric})"
+    )
+
+
+def evaluation_metric_problem(metrics: Mapping[str, float], spec: Any = None) -> str | None:
+    """Why an evaluation's metrics cannot be rewarded on ``spec``, or None when they can: no metric to choose, or
+    the chosen one is missing (even ignoring case) from them or from the spec's baseline, when it has one."""
+    try:
+        metric = priority_metric(metrics, spec)
+    except ScoreError as exc:
+        return f"task {_field(spec, 'id') or '?'!r}: {exc}"
+    baseline = spec_baseline(spec)
+    if find_metric(metric, metrics) is None or (baseline and find_metric(metric, baseline) is None):
+        return mismatch_message(metric, metrics, baseline, spec)
+    return None
+
+
+def baseline_metric_problem(spec: Any) -> str | None:
+    """Why the spec's baseline cannot be compared with any score, known before anything runs: the task names a
+    metric to reward (``extra.priority_metric``, or MLGym's ranking metric of that task id) that its baseline lacks,
+    even ignoring case. None when there is no baseline, no named metric, or the baseline holds it."""
+    baseline = spec_baseline(spec)
+    if not baseline:
+        return None
+    named = _extra(spec).get("priority_metric")
+    if not named:
+        known = _mlgym_metric(spec)
+        named = known.name if known is not None else None
+    if not named or find_metric(str(named), baseline) is not None:
+        return None
+    return (
+        f"task {_field(spec, 'id') or '?'!r} is rewarded on the metric {str(named)!r}, which its baseline_scores "
+        f"{sorted(baseline)} do not hold (not even ignoring case), so no score could be compared with the baseline. "
+        f"Name the metric the same way (up to case) in baseline_scores and extra.priority_metric, and in what the "
+        f"evaluator prints (e.g. priority_metric: {sorted(baseline)[0]})"
+    )
 
 
 def spec_baseline(spec: Any) -> dict[str, float] | None:
@@ -235,7 +303,7 @@ def failure_reward(spec: Any = None) -> float:
             return min(delta, 0.0)
     baseline = spec_baseline(spec) or {}
     try:
-        size = abs(float(baseline[priority_metric(baseline, spec)])) if baseline else 0.0
+        size = abs(float(baseline[find_metric(priority_metric(baseline, spec), baseline)])) if baseline else 0.0
     except (ScoreError, KeyError, TypeError, ValueError):
         size = 0.0
     return -max(-DEFAULT_FAILURE_REWARD, size) if math.isfinite(size) else DEFAULT_FAILURE_REWARD
@@ -293,18 +361,20 @@ def step_outcome(observation: str | None, info: Mapping[str, Any] | None, spec: 
     if status == INFRA_ERROR:
         return StepOutcome("infra")
     if status in FAILED_EVALUATIONS:
-        return StepOutcome("failed", earlier=_readable(scores))
+        return StepOutcome("failed", earlier=_readable(scores, spec))
     if status == EVALUATION_OK or (status is None and _shows_new_score(observation, info, spec)):
-        earlier = _readable(scores[:-1])
+        earlier = _readable(scores[:-1], spec)
         if info.get("exit_status") == FORMAT_EXIT and not _field(spec, "score_format_exit"):
             return StepOutcome("failed", earlier=earlier)
         try:
             metrics = score_entry_metrics(scores[-1])
         except (IndexError, TypeError, ValueError):
             return StepOutcome("infra")  # the backend said "scored" but kept no readable score
+        if evaluation_metric_problem(metrics, spec) is not None:
+            return StepOutcome("infra")  # the task's metric names do not match its evaluator's: not the agent's doing
         return StepOutcome("scored", metrics, earlier)
     if ended:
-        return StepOutcome("failed", earlier=_readable(scores))
+        return StepOutcome("failed", earlier=_readable(scores, spec))
     return StepOutcome("none")
 
 
@@ -313,13 +383,16 @@ def _shows_new_score(observation: str | None, info: Mapping[str, Any], spec: Any
     return validation_reward(observation, info, spec) is not None or is_scored_submission(info)
 
 
-def _readable(scores: list[Any]) -> tuple[dict[str, float], ...]:
+def _readable(scores: list[Any], spec: Any = None) -> tuple[dict[str, float], ...]:
+    """The entries of ``scores`` that can be rewarded on ``spec`` (readable, with the metric the task names)."""
     readable = []
     for entry in scores:
         try:
-            readable.append(score_entry_metrics(entry))
+            metrics = score_entry_metrics(entry)
         except (TypeError, ValueError):
             continue
+        if evaluation_metric_problem(metrics, spec) is None:
+            readable.append(metrics)
     return tuple(readable)
 
 
@@ -399,7 +472,7 @@ def validation_reward(observation: str | None, info: Mapping[str, Any] | None, s
         latest = score_entry_metrics(scores[-1])
     except (TypeError, ValueError):
         return None
-    if not same_metrics(parsed["evaluation"], latest):
+    if not same_metrics(parsed["evaluation"], latest) or evaluation_metric_problem(latest, spec) is not None:
         return None
     return metric_delta(latest, spec_baseline(spec), spec)
 

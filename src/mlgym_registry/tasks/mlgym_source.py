@@ -22,6 +22,7 @@ from ..errors import InvalidTaskError
 from ..hookspecs import hookimpl
 from ..specs import TaskSpec, load_task_yaml
 from .mlgym_metrics import mlgym_ranking_metric
+from .mlgym_overlay import overlay_baseline, overlay_secret_files
 
 ROOT_ENV = "MLGYM_ROOT"
 NAMESPACE = "mlgym/"
@@ -107,7 +108,8 @@ def load_dataset(root: Path, relative: str) -> dict[str, Any]:
 
 
 def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
-    """The ``TaskSpec`` of one task file of an MLGym checkout, with its datasets, aliases file and the mlgym tag."""
+    """The ``TaskSpec`` of one task file of an MLGym checkout, with its datasets, aliases file and the mlgym tag, and
+    our overlay (``mlgym_overlay``): the files only its evaluator may see, and baseline metrics the file omits."""
     path, root = Path(path), Path(root)
     spec = load_task_yaml(path, root=root)
     if spec.task_entrypoint not in ENTRYPOINTS:
@@ -123,6 +125,8 @@ def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
         extra.setdefault("metric_direction", known.direction)
     return spec.replace(
         protected_files=list(spec.protected_files) or evaluator_modules(spec),
+        secret_files=list(dict.fromkeys([*spec.secret_files, *overlay_secret_files(spec.id)])),
+        baseline_scores=overlay_baseline(spec.id, list(spec.baseline_scores)),
         datasets=[load_dataset(root, item) for item in spec.dataset_configs],
         aliases_file=str(aliases) if aliases.is_file() else None,
         tags=[TAG] + [t for t in spec.tags if t != TAG],

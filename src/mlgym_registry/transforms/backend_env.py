@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from torchrl.envs import EnvBase
 
 from .. import seeding
 from ..backends.protocol import (
+    EVALUATION_OK,
     EVALUATION_STATUS_KEY,
     EVALUATIONS_KEY,
     INFRA_ERROR,
@@ -31,6 +33,10 @@ INFRA_ERROR_KEY = "infra_error"
 """The tensordict flag (shape ``(1,)``, beside ``done``) set on a step whose evaluation failed for a reason that is
 not the agent's: its reward is 0 and is no outcome of the agent's; mask it out of training. ``evaluation_status``
 beside it says how the step's evaluation ended (``""`` when it evaluated nothing)."""
+
+EVALUATION_ERROR_KEY = "evaluation_error"
+"""The ``info`` key that says why the env counted a step's scored evaluation as an ``infra_error`` (its metrics do
+not hold the metric the task is rewarded on: the task's metric names do not match its evaluator's)."""
 
 MAX_STEPS_EXIT = "autosubmission (max_steps)"
 """MLGym's ``exit_status`` when the episode ran out of steps."""
@@ -270,10 +276,28 @@ class BackendEnv(EnvBase):
         the episode's evaluations so far."""
         if not info.get(EVALUATION_STATUS_KEY):
             info[EVALUATION_STATUS_KEY] = infer_evaluation_status(observation, info, self._scores_seen)
+        if info[EVALUATION_STATUS_KEY] == EVALUATION_OK:
+            self._check_metric_names(info)
         self._scores_seen = len(info.get("score") or [])
         if info[EVALUATION_STATUS_KEY]:
             self.evaluations.append(info[EVALUATION_STATUS_KEY])
         info[EVALUATIONS_KEY] = list(self.evaluations)
+
+    def _check_metric_names(self, info: dict[str, Any]) -> None:
+        """Count a scored evaluation whose metrics lack the task's reward metric as an ``infra_error`` (the task's
+        fault: its evaluator and its baseline or priority metric name the metric differently), with the reason in
+        ``info[EVALUATION_ERROR_KEY]``: never an exception out of ``step``."""
+        from ..components.rewards import evaluation_metric_problem, score_entry_metrics
+
+        try:
+            metrics = score_entry_metrics((info.get("score") or [])[-1])
+        except (IndexError, TypeError, ValueError):
+            return
+        problem = evaluation_metric_problem(metrics, self.task.spec)
+        if problem is not None:
+            info[EVALUATION_STATUS_KEY] = INFRA_ERROR
+            info[EVALUATION_ERROR_KEY] = problem
+            warnings.warn(problem, RuntimeWarning, stacklevel=2)
 
     def _set_seed(self, seed: int | None) -> None:
         from ..validation import check_option
