@@ -23,6 +23,22 @@ TRAJECTORIES = SHARED / "mlgym-trajectories"
 os.environ.setdefault("MLGYM_REGISTRY_SEED_KEY", secrets.token_hex(32))
 
 
+def write(path: Path, text: str) -> Path:
+    """Write ``text`` (dedented) to ``path``, making its folders: a file of a fake MLGym checkout or task."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def fresh_registry():
+    """A new ``Registry`` with its plugins loaded (it reads ``MLGYM_ROOT`` as it is now)."""
+    from mlgym_registry import Registry
+
+    reg = Registry()
+    reg.names("task")
+    return reg
+
+
 def recorded_results(traj: Path) -> Path | None:
     """The results.json of a recorded run: ``<run>.results.json`` beside it, or MLGym's own ``results.json`` in its
     run folder; None when there is neither."""

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib
 import shutil
 import sys
-import textwrap
 import warnings
 from pathlib import Path
 
 import pytest
+from conftest import fresh_registry as fresh
+from conftest import write
 
 from mlgym_registry import InvalidTaskError, Registry, TaskSpec, registry
 from mlgym_registry.backends.local import LocalBackend
@@ -59,12 +60,6 @@ train_split:
 """
 
 
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
 @pytest.fixture
 def checkout(tmp_path, monkeypatch):
     """A small MLGym-shaped checkout, with MLGYM_ROOT pointing at it."""
@@ -81,12 +76,6 @@ def checkout(tmp_path, monkeypatch):
     write(root / "dockerfiles/aliases.sh", "alias ls='ls -F'\n")
     monkeypatch.setenv("MLGYM_ROOT", str(root))
     return root
-
-
-def fresh() -> Registry:
-    reg = Registry()
-    reg.names("task")
-    return reg
 
 
 def mlgym_names(reg: Registry) -> list[str]:

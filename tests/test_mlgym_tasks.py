@@ -4,12 +4,13 @@ and metric names that differ between a task's baseline and its evaluator never r
 from __future__ import annotations
 
 import os
-import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import fresh_registry as fresh
+from conftest import write
 
-from mlgym_registry import InvalidTaskError, Registry
+from mlgym_registry import InvalidTaskError
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.mlgym import refuse_unprotected_files
 from mlgym_registry.backends.protocol import EVALUATION_STATUS_KEY, INFRA_ERROR
@@ -64,12 +65,6 @@ PASSENGERS = range(892, 902)  # ten test passengers; four survived
 SURVIVED = {892, 895, 898, 900}
 
 
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
 def rows(survived: set[int]) -> str:
     return "PassengerId,Survived\n" + "".join(f"{p},{int(p in survived)}\n" for p in PASSENGERS)
 
@@ -88,12 +83,6 @@ def titanic(tmp_path, monkeypatch) -> Path:
     write(root / "data/titanic/data/ground_truth.csv", rows(SURVIVED))
     monkeypatch.setenv("MLGYM_ROOT", str(root))
     return root
-
-
-def fresh() -> Registry:
-    reg = Registry()
-    reg.names("task")
-    return reg
 
 
 def shell(backend: LocalBackend, command: str) -> str:
