@@ -146,6 +146,29 @@ def load_traj(path: str | Path) -> Trajectory:
     return trajectory_from_dict(_read_json(path, "trajectory file"), path)
 
 
+TEXT_STEP_FIELDS = ("action", "observation", "state", "thought")
+"""Step fields of a ``.traj`` that hold text or null (``response`` must be text: it is what gets replayed)."""
+
+
+def load_recorded(path: Path) -> Trajectory:
+    """Read a recorded ``.traj`` to replay; ``TrajectoryError`` says in one line what is wrong with the file."""
+    where = f"trajectory file {str(path)!r}"
+    if path.is_dir():
+        raise TrajectoryError(f"{where} is a folder; pass the .traj file in it")
+    try:
+        recorded = load_traj(path)
+    except UnicodeDecodeError:
+        raise TrajectoryError(f"{where} is not text (a binary file?); an MLGym .traj is a JSON object") from None
+    for index, step in enumerate(recorded.steps):
+        if not isinstance(step.response, str):
+            raise TrajectoryError(f"{where}: step {index}: 'response' must be text, got {type(step.response).__name__}")
+        for name in TEXT_STEP_FIELDS:
+            value = getattr(step, name)
+            if value is not None and not isinstance(value, str):
+                raise TrajectoryError(f"{where}: step {index}: {name!r} must be text, got {type(value).__name__}")
+    return recorded
+
+
 def _read_json(path: Path, what: str) -> Any:
     """The JSON in ``path``; ``TrajectoryError`` naming ``what`` when it is missing or not JSON."""
     try:

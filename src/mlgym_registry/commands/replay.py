@@ -18,11 +18,12 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from ..recorded_files import first_windows, with_recorded_starters
 from ..tasks.mlgym_metrics import mlgym_ranking_metric
 from ..terminal import printable
+from ..trajectories import load_recorded
 from .run import (
     OutFolder,
     add_backend_option_argument,
@@ -32,9 +33,6 @@ from .run import (
     shorten,
     with_changes,
 )
-
-if TYPE_CHECKING:
-    from ..trajectories import Trajectory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,31 +126,6 @@ def default_task(trajectory_path: Path, environment: str = "mlgym_main") -> tupl
     raise SystemExit(
         f"cannot tell which task {trajectory_path} belongs to (tried {candidates}); pass --task NAME.{hint}"
     )
-
-
-TEXT_STEP_FIELDS = ("action", "observation", "state", "thought")
-"""Step fields of a ``.traj`` that hold text or null (``response`` must be text: it is what gets replayed)."""
-
-
-def load_recorded(path: Path) -> Trajectory:
-    """Read a recorded ``.traj`` to replay; ``TrajectoryError`` says in one line what is wrong with the file."""
-    from ..trajectories import TrajectoryError, load_traj
-
-    where = f"trajectory file {str(path)!r}"
-    if path.is_dir():
-        raise TrajectoryError(f"{where} is a folder; pass the .traj file in it")
-    try:
-        recorded = load_traj(path)
-    except UnicodeDecodeError:
-        raise TrajectoryError(f"{where} is not text (a binary file?); an MLGym .traj is a JSON object") from None
-    for index, step in enumerate(recorded.steps):
-        if not isinstance(step.response, str):
-            raise TrajectoryError(f"{where}: step {index}: 'response' must be text, got {type(step.response).__name__}")
-        for name in TEXT_STEP_FIELDS:
-            value = getattr(step, name)
-            if value is not None and not isinstance(value, str):
-                raise TrajectoryError(f"{where}: step {index}: {name!r} must be text, got {type(value).__name__}")
-    return recorded
 
 
 def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None = None, seed: int | None = None,

@@ -205,7 +205,7 @@ def check_policy(text: str) -> None:
     options are wrong (or whose package is missing), before anything is written."""
     kind, _, argument = text.partition(":")
     if kind == "replay" and argument:
-        from .replay import load_recorded
+        from ..trajectories import load_recorded
 
         load_recorded(Path(argument))
     if kind == "openai":
