@@ -56,9 +56,36 @@ def start_worker_server() -> bool:
         return False
     from multiprocessing import forkserver
 
+    _short_socket_folder()
     forkserver.set_forkserver_preload([PRELOAD_MODULE])
     forkserver.ensure_running()
     return True
+
+
+SOCKET_PATH_ROOM = 70
+"""The longest temporary folder path under which multiprocessing's sockets still fit (a socket path has at most 107
+bytes; multiprocessing adds about 35)."""
+
+
+def _short_socket_folder() -> None:
+    """Make multiprocessing put its sockets (the fork server's) under ``/tmp`` when ``TMPDIR`` is too long for them.
+
+    Python before 3.13 makes them under ``TMPDIR`` whatever its length, and the fork server then fails to start with
+    "AF_UNIX path too long". It does what ``multiprocessing.util.get_temp_dir`` would, in a short folder, before that
+    function runs; it changes nothing when a folder was made already or ``TMPDIR`` is short.
+    """
+    import shutil
+    import tempfile
+    from multiprocessing import process, util
+
+    config = process.current_process()._config
+    if config.get("tempdir") is not None or len(tempfile.gettempdir()) <= SOCKET_PATH_ROOM:
+        return
+    if not os.path.isdir("/tmp") or not os.access("/tmp", os.W_OK):
+        return
+    folder = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+    util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+    config["tempdir"] = folder
 
 
 @contextmanager
