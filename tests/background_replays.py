@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from mlgym_registry.backends.local.procs import alive
 from mlgym_registry.commands.replay import default_task, replay
 from mlgym_registry.trajectories import load_traj
 
@@ -102,15 +103,7 @@ def owner_alive(owner: Path) -> bool:
         pid = int(owner.read_text() or 0)
     except (OSError, ValueError):
         return True
-    if not pid:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return not pid or alive(pid)
 
 
 def take_on(owner: Path) -> bool:

@@ -43,33 +43,33 @@ class PoolOutput(TensorDict):
         return super().__torch_function__(func, types, args, kwargs)
 
 
-def _pool_class() -> type | None:
-    module = sys.modules.get("torchrl.envs.async_envs")
-    return None if module is None else module.AsyncEnvPool
-
-
-def _pool_file() -> str | None:
-    module = sys.modules.get("torchrl.envs.async_envs")
-    return None if module is None else module.__file__
+def _pool_module() -> Any:
+    """TorchRL's ``torchrl.envs.async_envs`` when it is loaded (else None: no pool can be calling)."""
+    return sys.modules.get("torchrl.envs.async_envs")
 
 
 def called_by_pool(depth: int = 2) -> bool:
     """True when the function ``depth`` frames up was called by an ``AsyncEnvPool`` worker (the pool's functions
     that step and reset its envs, in a thread or a worker process), told by the caller's code alone: reading the
     caller's locals would keep them (the env itself, in a user's function) alive in the frame's snapshot of them."""
-    pool_file = _pool_file()
-    return pool_file is not None and sys._getframe(depth).f_code.co_filename == pool_file
+    module = _pool_module()
+    return module is not None and sys._getframe(depth).f_code.co_filename == module.__file__
 
 
 def for_pool(tensordict: TensorDictBase) -> TensorDictBase:
-    """``tensordict`` as a ``PoolOutput`` (a plain ``TensorDict`` changes class in place; anything else is copied
+    """``tensordict`` as a ``PoolOutput``."""
+    return _recast(tensordict, PoolOutput)
+
+
+def _recast(tensordict: TensorDictBase, cls: type[TensorDict]) -> TensorDictBase:
+    """``tensordict`` as a ``cls`` (a plain ``TensorDict`` changes class in place; anything else is copied
     shallowly)."""
-    if isinstance(tensordict, PoolOutput):
+    if isinstance(tensordict, cls):
         return tensordict
     if type(tensordict) is TensorDict:
-        tensordict.__class__ = PoolOutput
+        tensordict.__class__ = cls
         return tensordict
-    return PoolOutput._new_unsafe(
+    return cls._new_unsafe(
         source={key: tensordict.get(key) for key in tensordict.keys()},
         batch_size=tensordict.batch_size,
         device=tensordict.device,
@@ -141,18 +141,7 @@ def _row_choices(tensordict: TensorDictBase, condition: Any, other: Any) -> list
 
 def for_parallel(tensordict: TensorDictBase, consolidating: bool) -> TensorDictBase:
     """``tensordict`` as a ``ParallelOutput``, its conversations dense when the worker consolidates it."""
-    if consolidating:
-        tensordict = _densified(tensordict)
-    if type(tensordict) is TensorDict:
-        tensordict.__class__ = ParallelOutput
-        return tensordict
-    if isinstance(tensordict, ParallelOutput):
-        return tensordict
-    return ParallelOutput._new_unsafe(
-        source={key: tensordict.get(key) for key in tensordict.keys()},
-        batch_size=tensordict.batch_size,
-        device=tensordict.device,
-    )
+    return _recast(_densified(tensordict) if consolidating else tensordict, ParallelOutput)
 
 
 def _densified(value: Any) -> Any:
@@ -188,9 +177,10 @@ def constructing_pool() -> Any:
     """The ``AsyncEnvPool`` whose setup is building an env (threading) or sending an env factory to a worker
     (multiprocessing) right now, if one is (else None). Only frames of the pool's own module have their locals read
     (for the pool), never a user's."""
-    pool_class, pool_file = _pool_class(), _pool_file()
-    if pool_class is None:
+    module = _pool_module()
+    if module is None:
         return None
+    pool_class, pool_file = module.AsyncEnvPool, module.__file__
     frame = sys._getframe(1)
     for _ in range(_SEARCHED_FRAMES):
         if frame is None:

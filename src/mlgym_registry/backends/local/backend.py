@@ -354,8 +354,6 @@ class LocalBackend:
         self._bash = "/bin/bash" if os.path.exists("/bin/bash") else (shutil.which("bash") or "bash")
         self._warm_shells = self.sandboxed and self._make_spare_cgroups()
         """Whether each reset starts the next episode's shell ahead (sandboxed only: see ``reset``)."""
-        self._warm_evaluations = True
-        """Whether each validate starts the episode's next evaluation ahead (``_start_next_evaluation``)."""
         self._preload: list[str] = []
         """The system modules the task's last finished evaluation imported: the next one's evaluator preloads them."""
 
@@ -570,7 +568,7 @@ class LocalBackend:
         finally:
             if evaluator.last_modules:
                 self._preload = evaluator.last_modules
-            if action == "validate" and self._warm_evaluations:
+            if action == "validate":  # the episode goes on: its next evaluation can start now
                 self._start_next_evaluation(evaluator)
 
     def _start_next_evaluation(self, evaluator: Evaluator) -> None:
