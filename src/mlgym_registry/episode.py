@@ -50,7 +50,7 @@ class Turn(TurnTokens):
         return Step(action=self.action, observation=self.observation, response=self.response, state=self.state,
                     thought=self.thought, execution_time=self.execution_time, prompt_tokens=self.prompt_tokens,
                     response_tokens=self.response_tokens, log_probs=self.log_probs,
-                    policy_version=self.policy_version, outcome=self.outcome, masked=self.masked)
+                    policy_version=self.policy_version, outcome=self.outcome, masked=self.masked, call=self.call)
 
 
 @dataclass
@@ -239,6 +239,8 @@ class EpisodePlayer:
         last_generation = getattr(self.policy, "last_generation", None)
         generation = last_generation() if callable(last_generation) else None
         version = self._policy_version(generation)
+        last_call = getattr(self.policy, "last_call", None)
+        call = last_call() if callable(last_call) else None
         started = time.monotonic()
         self._td.set(layout.response, response)
         if generation is not None and layout.tokens_response is not None:
@@ -271,6 +273,7 @@ class EpisodePlayer:
             policy_version=version,
             outcome=outcome_of(after),
             masked=bool(after.get(MASKED_KEY, torch.zeros(1, dtype=torch.bool)).any()),
+            call=call,
         )
         if turn.outcome:
             outcomes = result.info.setdefault("outcomes", {})

@@ -36,6 +36,8 @@ WORKER_KEY = "env_index"
 """Where ``RecordInfo`` puts the index of the env (one per worker) a step comes from."""
 
 STATS_KEY = "policy_stats"
+CALL_STATS_KEY = "_last_call"
+"""Where ``TextPolicy`` puts the step's model call (``Policy.last_call``) inside the usage it sends."""
 """Where ``TextPolicy`` puts its policy's usage so far (``Policy.stats()``, as JSON text; '' when it keeps none)."""
 
 POLICY_ERROR_KEY = "policy_error"
@@ -205,6 +207,10 @@ class TextPolicy(TensorDictModuleBase):
             except PolicyError as exc:
                 response, error = GAVE_UP_RESPONSE, f"{type(exc).__name__}: {exc}"
         stats = self._policy.stats()
+        last_call = getattr(self._policy, "last_call", None)
+        call = None if error or last_call is None else last_call()
+        if stats and call is not None:  # the step's call travels with the usage; the receiver takes it out
+            stats = {**stats, CALL_STATS_KEY: call}
         tensordict.set(self.out_keys[0], response)
         tensordict.set(STATS_KEY, json.dumps(stats) if stats else "")
         tensordict.set(POLICY_ERROR_KEY, error)
@@ -258,7 +264,9 @@ class _Receiver:
             episode.result.info = turn.info
         stats = text_at(frame, STATS_KEY)
         if stats:
-            episode.result.info = {**episode.result.info, "model_stats": json.loads(stats)}
+            stats = json.loads(stats)
+            turn.call = stats.pop(CALL_STATS_KEY, None)
+            episode.result.info = {**episode.result.info, "model_stats": stats}
             turn.info = episode.result.info
         if episode.writer is not None:
             episode.writer.step(turn.step(), info=episode.result.info)

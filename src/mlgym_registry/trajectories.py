@@ -12,6 +12,10 @@ ids sampled), ``log_probs`` (one per sampled id, when the policy gave them), ``p
 stored against the previous step's: ``prompt_tokens_kept`` leading ids of the previous step's prompt then response (0
 when it starts otherwise), then ``prompt_tokens``. ``Trajectory.turn_tokens()`` gives each step's whole prompt back.
 ``outcome`` (``"length"``, ``"overflow"``) and ``masked`` record the env's context policy on that step.
+A step answered by a model server also records the call (``CALL_KEYS``, ours, absent in older files and for other
+policies): ``finish_reason`` (the server's, e.g. ``stop`` or ``length``; null when it gave none), ``model_seconds``
+(the call's time, retries included) and ``usage`` (``prompt_tokens``, ``completion_tokens``; null when the answer had
+no usage).
 
 ``TrajectoryWriter`` rewrites both files after every step, each through a temporary file and an atomic rename, so an
 interrupted run leaves the steps done so far in a complete, loadable file.
@@ -38,6 +42,9 @@ TOKEN_KEYS = ("prompt_tokens_kept", "prompt_tokens", "response_tokens", "log_pro
               "masked")
 """Optional keys of a ``trajectory`` entry (ours): the step's tokens and its context outcome, when known."""
 
+CALL_KEYS = ("finish_reason", "model_seconds", "usage")
+"""Optional keys of a ``trajectory`` entry (ours): the model call behind the step, when the policy made one."""
+
 TRAJ_KEYS = ("environment", "trajectory", "history", "info")
 """The top-level keys of a ``.traj`` file."""
 
@@ -62,6 +69,8 @@ class TurnTokens:
     outcome: str = ""
     """The env's context outcome (``"length"``, ``"overflow"``, ``"length+overflow"``), ``""`` for none."""
     masked: bool = False
+    call: dict[str, Any] | None = None
+    """The model call behind the response (``CALL_KEYS``), for a policy that calls a model server; else None."""
 
 
 @dataclass
@@ -96,6 +105,8 @@ class Step(TurnTokens):
             entry["outcome"] = self.outcome
         if self.masked:
             entry["masked"] = True
+        if self.call is not None:
+            entry.update({key: self.call.get(key) for key in CALL_KEYS})
         return entry
 
 
@@ -221,6 +232,8 @@ def _step_from_entry(entry: dict[str, Any], previous: Step | None) -> Step:
             setattr(step, key, entry[key])
     step.outcome = str(entry.get("outcome") or "")
     step.masked = bool(entry.get("masked", False))
+    if any(key in entry for key in CALL_KEYS):
+        step.call = {key: entry.get(key) for key in CALL_KEYS}
     return step
 
 

@@ -3,20 +3,25 @@
 Each run is written to ``DIR/<model>__<task>__run_<k>/`` (``<task>.traj`` and ``results.json``) as it goes. The same
 command again skips the runs that finished and plays the others from scratch, so an interrupted suite resumes where
 it stopped. ``mlgym-registry report DIR`` turns the folder into MLGym's tables.
+
+The exit status says how the suite went (``EXIT_*``): 0 every run ended, 1 some runs did not end well (their API
+failed, their worker died), 2 the command was refused (bad options, a folder made with other settings or in use), 3
+the suite was interrupted (Ctrl-C or SIGTERM) before its runs were over: run the same command again to resume.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..terminal import printable
 from ..validation import cli_integer
 from .run import (
-    MAX_FAILED_STATUS,
     OutFolder,
     ProgressBar,
     add_backend_option_argument,
@@ -29,8 +34,18 @@ from .run import (
     check_policy,
     component_choices,
     policy_text,
+    sigint_deferred,
     with_changes,
 )
+
+EXIT_DONE = 0
+"""Every run of the suite ended (now or before)."""
+EXIT_RUNS_FAILED = 1
+"""The suite went through, but some runs did not end well (``exit_api``, a worker died): a resume plays them again."""
+EXIT_REFUSED = 2
+"""The command was refused before anything was played (``mlgym-registry: error: ...``), as for every command."""
+EXIT_INTERRUPTED = 3
+"""Ctrl-C or SIGTERM stopped the suite before its runs were over; the same command resumes it."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Play the suite's unfinished runs; the exit status is the number of runs that did not end (0 when all did)."""
+    """Play the suite's unfinished runs; the exit status is ``EXIT_DONE``, ``EXIT_RUNS_FAILED`` or
+    ``EXIT_INTERRUPTED`` (``EXIT_REFUSED`` comes from the errors raised before anything is played)."""
     from ..evaluation import suite
     from ..registry import registry
 
@@ -83,11 +99,18 @@ def main(args: argparse.Namespace) -> int:
         from ..ray_runtime import ray_session
 
         runtime = ray_session(args.ray or None)
+    started = time.monotonic()
     with OutFolder(out, resume=True), runtime:
         record = open_record(args, out, policy, model, specs, engine)
+        finished_before = sum(run.finished for run in runs)
         try:
-            progress, played = suite.play(runs, policy, num_envs=args.num_envs, engine=engine,
-                                          address=args.ray or None, seed=args.seed, on_progress=bar, record=record)
+            with interrupts_as_keyboard():
+                progress, played = suite.play(runs, policy, num_envs=args.num_envs, engine=engine,
+                                              address=args.ray or None, seed=args.seed, on_progress=bar,
+                                              record=record)
+        except KeyboardInterrupt:
+            with sigint_deferred():
+                return interrupted(out, record, runs, finished_before, bar)
         finally:
             if bar is not None:
                 bar.close()
@@ -95,10 +118,43 @@ def main(args: argparse.Namespace) -> int:
     for run, result in played:
         print(f"{run.folder.name}: {printable(result.summary())}")
     print(f"{progress.total} runs in {out}: {progress.skipped} already finished, {progress.done} played now"
-          + (f", {progress.failed} did not end" if progress.failed else ""))
-    print_totals(record.get("totals") or {})
+          + (f", {progress.failed} did not end" if progress.failed else "")
+          + f" ({_duration(time.monotonic() - started)})")
+    print_totals(model, record.get("totals") or {})
     print(f"summarise them with: mlgym-registry report {out} --out {out}/report")
-    return min(progress.failed, MAX_FAILED_STATUS)
+    if progress.failed:
+        print(f"{progress.failed} runs did not end well; run the same command again to play them again")
+        return EXIT_RUNS_FAILED
+    return EXIT_DONE
+
+
+def interrupted(out: Path, record: dict, runs: list, finished_before: int, bar: SuiteBar | None) -> int:
+    """Close the session of an interrupted suite and say how far it got; ``EXIT_INTERRUPTED``."""
+    if bar is not None:
+        bar.close()
+    finished = sum(run.finished for run in runs)
+    close_record(out, record, finished - finished_before, len(runs) - finished)
+    print(f"mlgym-registry: interrupted: {finished} of {len(runs)} runs finished in {out}; run the same command "
+          f"again to resume", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def interrupts_as_keyboard() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` here, as Ctrl-C does, so both end the suite the same clean way."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def open_record(args: argparse.Namespace, out: Path, policy: str, model: str, specs: list, engine: str | None) -> dict:
@@ -127,14 +183,24 @@ def close_record(out: Path, record: dict, played: int, failed: int) -> None:
     settings.end_suite(out, record, (folder for folder in sorted(out.iterdir()) if folder.is_dir()), played, failed)
 
 
-def print_totals(totals: dict) -> None:
-    """One line of usage totals, when the policy records usage."""
+def print_totals(model: str, totals: dict) -> None:
+    """The model's usage over the folder's runs, when the policy records usage: calls, tokens, cost, retries, time
+    spent waiting for the model and wall time; answers without usage (their cost unknown) are named."""
     if not totals.get("api_calls") and not totals.get("runs_with_problems"):
         return
-    print(f"usage over {totals['runs']} runs: {totals['api_calls']} calls, {totals['tokens_sent']} tokens sent, "
-          f"{totals['tokens_received']} received, ${totals['task_cost']:.4f}"
-          + (f"; {totals['runs_with_problems']} runs with problems (not scored by report)"
-             if totals["runs_with_problems"] else ""))
+    calls = totals["api_calls"]
+    per_call = totals.get("model_seconds", 0) / calls if calls else 0.0
+    print(f"usage of {model} over {totals['runs']} runs: {calls} calls ({totals.get('api_retries', 0)} retries), "
+          f"{totals['tokens_sent']} tokens sent, {totals['tokens_received']} received, "
+          f"${totals['task_cost']:.4f}; model {totals.get('model_seconds', 0):.1f} s ({per_call:.2f} s per call, "
+          f"longest {totals.get('max_call_seconds', 0):.2f} s), wall {totals.get('wall_seconds', 0):.1f} s"
+          + (f"; {totals['truncated_responses']} answers cut at the token limit (finish_reason length)"
+             if totals.get("truncated_responses") else ""))
+    if totals.get("missing_usage"):
+        print(f"WARNING: {totals['missing_usage']} answers came without usage: their tokens and cost are unknown (not "
+              f"counted), so the cost above is a lower bound")
+    if totals["runs_with_problems"]:
+        print(f"{totals['runs_with_problems']} runs with problems (not scored by report)")
 
 
 class SuiteBar:

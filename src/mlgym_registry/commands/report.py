@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="score runs that failed, got no answer, empty answers or no usage too (default: they are "
                         "listed but left out of scores and ranks)")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the performance-profile PNG")
+    parser.add_argument("--no-noise-band", action="store_true",
+                        help="do not score the starter code under the runs' seeds (it runs each task's evaluator "
+                        "once per seed)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,11 +55,13 @@ def main(args: argparse.Namespace) -> int:
         task, metric, higher = parse_metric_choice(text)
         choices[task] = (metric, higher)
     report = build_report(args.folders, models=args.models, tasks=args.tasks, metric_choices=choices,
-                          include_failed=args.include_failed)
+                          include_failed=args.include_failed, noise_band=not args.no_noise_band)
     for bad in report.found.bad_files:
         warn(f"{bad.path} {bad.reason}; its run is reported without it")
     for why in report.unranked.values():
         warn(why)
+    for warning in report.context.warnings if report.context is not None else ():
+        warn(warning)
     written = write_report(report, args.out, plot=not args.no_plot)
     board = report.board
     scored = sum(s.score is not None for s in report.statuses)

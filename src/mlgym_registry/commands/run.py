@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 OPENAI_OPTIONS = ("base_url", "api_key_env", "temperature", "top_p", "max_tokens", "timeout", "max_retries",
-                  "price_in", "price_out")
+                  "price_in", "price_out", "cost_limit")
 """The ``OpenAIPolicy`` options the command line sets (``--base-url`` sets ``base_url``, and so on)."""
 
 
@@ -80,6 +80,9 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> None:
                        help="price per million tokens sent, for the cost in model_stats (default: 0)")
     group.add_argument("--price-out", type=float, default=None, metavar="USD",
                        help="price per million tokens received (default: 0)")
+    group.add_argument("--cost-limit", type=float, default=None, metavar="DOLLARS",
+                       help="end an episode (a run) with MLGym's exit_cost once its cost reaches DOLLARS; the env "
+                       "autosubmits (needs --price-in/--price-out)")
 
 
 def policy_text(args: argparse.Namespace) -> str:

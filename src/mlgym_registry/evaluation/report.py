@@ -6,6 +6,10 @@
 - ``best_ranks.csv``, ``last_ranks.csv``: a row per task with the columns best first, then the two overall orders;
 - ``aup_scores.csv``: a row per model (and the baseline) with its best-attempt and last-submission AUP;
 - ``runs.csv``: a row per run: its model (and settings), task, folder, exit status, scores, usage and problems;
+- ``accounting.csv``: a row per model: calls, retries, tokens, cost, time waiting for the model, wall time
+  (``accounting.py``);
+- ``spread.csv``, ``noise_band.csv``: mean and std of each model's runs per task, and the starter code's scores under
+  the runs' seeds (``context.py``);
 - ``summary.md``: those tables, how each task is ranked, run counts, and every failed, incomplete or unreadable run;
 - ``performance_profiles.png``: the profiles (needs matplotlib, the ``[report]`` extra; skipped with a note without).
 
@@ -26,7 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MLGymRegistryError
+from .accounting import ACCOUNTING_TABLE, accounting, accounting_markdown, accounting_rows
+from .context import NOISE_TABLE, SPREAD_TABLE, Context, build_context, context_markdown, noise_rows, spread_rows
 from .metrics import BASELINE, BORDA, MEAN_RANK, Leaderboard, Score, TaskResult, leaderboard, run_score
+from .published import published_notes
 from .runs import Run, RunSet, find_runs
 from .tasks import TaskMetric, find_spec, resolve_metric, spec_baseline, task_order, task_title
 
@@ -67,6 +74,10 @@ class Report:
     left_out: list[Run] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     include_failed: bool = False
+    unknown_models: list[str] = field(default_factory=list)
+    """Names asked for (``models``) that no run has: left out of the tables, with a warning."""
+    context: Context | None = None
+    """Spread over runs, the starter code's noise band and warnings (``context.build_context``)."""
 
     @property
     def failed(self) -> list[RunStatus]:
@@ -85,12 +96,14 @@ def build_report(
     tasks: Sequence[str] | None = None,
     metric_choices: Mapping[str, tuple[str, bool | None]] | None = None,
     include_failed: bool = False,
+    noise_band: bool = False,
 ) -> Report:
     """Read the runs under ``folders`` and compute MLGym's leaderboard over them.
 
     ``models``: the model columns, in this order (default: every model found, sorted); ``tasks``: only these tasks;
     ``metric_choices``: task -> (metric, higher is better or None) overriding the task's own ranking metric;
-    ``include_failed``: score runs with problems too. ``ReportError`` when there are no runs to report on.
+    ``include_failed``: score runs with problems too; ``noise_band``: score the starter code under the runs' seeds
+    (it runs each task's evaluator once per seed). ``ReportError`` when there are no runs to report on.
     """
     found = find_runs(folders)
     where = ", ".join(str(f) for f in folders)
@@ -100,6 +113,8 @@ def build_report(
             f"as bench writes it), or <task>/<model>_run<k>.traj beside <model>_run<k>.results.json"
         )
     chosen_models = list(dict.fromkeys(models)) if models else sorted({r.model for r in found.runs})
+    unknown = unknown_model_names(models, found.runs)
+    chosen_models = [name for name in chosen_models if name not in unknown]
     wanted_tasks = set(tasks) if tasks else None
     kept = [r for r in found.runs if r.model in chosen_models and (wanted_tasks is None or r.task in wanted_tasks)]
     kept_ids = {id(r) for r in kept}
@@ -140,7 +155,7 @@ def build_report(
             statuses.append(status)
             if status.score is not None and not status.excluded:
                 per_model.setdefault(run.model, []).append(status.score)
-        baseline, note = _baseline(runs, metric, spec)
+        baseline, note = _baseline(runs, metric, spec, chosen_models)
         if note:
             notes.append(note)
         results.append(TaskResult(task, task_title(task), metric.higher_is_better, baseline, per_model))
@@ -148,8 +163,42 @@ def build_report(
         unreadable = [f"{bad.path} {bad.reason}" for bad in found.bad_files]  # often why: name them in the one line
         raise ReportError("no task could be ranked: " + "; ".join([*unranked.values(), *unreadable]))
     board = leaderboard(results, chosen_models)
-    return Report([str(f) for f in folders], found, metrics, board, statuses, unranked, left_out, notes,
-                  include_failed)
+    notes += mlgym_rule_notes(folders, board, statuses)
+    report = Report([str(f) for f in folders], found, metrics, board, statuses, unranked, left_out, notes,
+                    include_failed, unknown)
+    report.context = build_context(report, noise_band=noise_band)
+    report.context.warnings[:0] = [unknown_model_warning(name, found.runs) for name in unknown]
+    return report
+
+
+def unknown_model_names(models: Sequence[str] | None, runs: Sequence[Run]) -> list[str]:
+    """The names of ``models`` that no run has (a typo must not add an empty column)."""
+    from .context import unknown_models
+
+    return unknown_models(models, (run.model for run in runs))
+
+
+def unknown_model_warning(name: str, runs: Sequence[Run]) -> str:
+    """``--models NAME`` matched no run: say so, with the models found."""
+    return (f"--models {name}: no run of this model; it is left out (models found: "
+            f"{', '.join(sorted({run.model for run in runs}))})")
+
+
+def mlgym_rule_notes(folders: Sequence[str | Path], board: Leaderboard, statuses: Sequence[RunStatus]) -> list[str]:
+    """Where the report departs from MLGym's own tables: the scores it leaves out (MLGym counts every run's score,
+    whatever its exit status or usage) and, for runs inside an MLGym checkout, the published cells it does not
+    reproduce (``published.published_notes``)."""
+    titles = {task.task: task.title for task in board.tasks}
+    left = [s for s in statuses if s.excluded]
+    notes = []
+    if left:
+        notes.append(
+            f"{len(left)} runs with a score are left out for their problems "
+            f"({_counts(f'{s.run.model}/{s.run.task}' for s in left)}); MLGym's own tables count every run's score "
+            f"whatever its exit status or usage, as --include-failed does"
+        )
+    left_out = {(s.run.model, titles.get(s.run.task, s.run.task)) for s in left}
+    return notes + published_notes(folders, board, left_out)
 
 
 def name_by_settings(runs: Sequence[Run], models: Sequence[str]) -> list[str]:
@@ -197,9 +246,14 @@ def _status(run: Run, metric: TaskMetric) -> RunStatus:
     return RunStatus(run, score, None)
 
 
-def _baseline(runs: Sequence[Run], metric: TaskMetric, spec: object | None) -> tuple[Score, str | None]:
-    """The baseline of the first run (in path order) that records one for the metric, else the spec's."""
-    ordered = sorted(runs, key=lambda r: r.label)
+def _baseline(
+    runs: Sequence[Run], metric: TaskMetric, spec: object | None, models: Sequence[str] = ()
+) -> tuple[Score, str | None]:
+    """The baseline of the first run that records one for the metric, else the spec's. Runs are taken as MLGym's
+    ``get_ranks.py`` takes them: model by model in column order (``models``), each model's folders in path order;
+    any run counts, scored or not."""
+    column = {model: index for index, model in enumerate(models)}
+    ordered = sorted(runs, key=lambda r: (column.get(r.model, len(column)), r.label))
     values = [run.baseline[metric.metric] for run in ordered if metric.metric in run.baseline]
     if values:
         distinct = sorted(set(values))
@@ -207,7 +261,8 @@ def _baseline(runs: Sequence[Run], metric: TaskMetric, spec: object | None) -> t
         if len(distinct) > 1:
             note = (
                 f"{metric.task}: runs record {len(distinct)} different baselines for {metric.metric!r} "
-                f"({_number(distinct[0])} .. {_number(distinct[-1])}); the first run's, {_number(values[0])}, is used"
+                f"({_number(distinct[0])} .. {_number(distinct[-1])}); the first run's (by model column, then folder, "
+                f"as MLGym takes it), {_number(values[0])}, is used"
             )
         return values[0], note
     from_spec = spec_baseline(spec).get(metric.metric)
@@ -266,7 +321,8 @@ def write_report(report: Report, out: str | Path, plot: bool = True) -> list[Pat
     out.mkdir(parents=True, exist_ok=True)
     written = []
     tables = table_rows(report.board)
-    for name, rows in {**tables, RUNS_TABLE: run_rows(report)}.items():
+    extra = context_tables(report)
+    for name, rows in {**tables, RUNS_TABLE: run_rows(report), **extra}.items():
         buffer = io.StringIO()
         csv.writer(buffer, lineterminator="\n").writerows(rows)
         (out / name).write_text(buffer.getvalue(), encoding="utf-8")
@@ -277,9 +333,33 @@ def write_report(report: Report, out: str | Path, plot: bool = True) -> list[Pat
             written.append(plot_profiles(report.board, out / PLOT))
         except ImportError:
             plot_note = f"The performance-profile plot needs matplotlib, which is not installed: {INSTALL_HINT}."
-    (out / SUMMARY).write_text(summary_markdown(report, tables, plot_note, plotted=(out / PLOT) in written), "utf-8")
+    summary = summary_markdown(report, tables, plot_note, plotted=(out / PLOT) in written)
+    summary += "\n".join(context_sections(report, extra)) + "\n"
+    (out / SUMMARY).write_text(summary, "utf-8")
     written.append(out / SUMMARY)
     return written
+
+
+def context_tables(report: Report) -> dict[str, list[list[str]]]:
+    """``accounting.csv``, and ``spread.csv`` and ``noise_band.csv`` when the report has its context."""
+    tables = {ACCOUNTING_TABLE: accounting_rows(accounting((s.run for s in report.statuses), report.board.models))}
+    if report.context is not None:
+        tables[SPREAD_TABLE] = spread_rows(report.context)
+        tables[NOISE_TABLE] = noise_rows(report.context)
+    return tables
+
+
+def context_sections(report: Report, tables: Mapping[str, list[list[str]]]) -> list[str]:
+    """The summary's sections after the others: accounting, spread, noise band, warnings."""
+    table = accounting((s.run for s in report.statuses), report.board.models)
+    lines = ["", "## Accounting", "", f"`{ACCOUNTING_TABLE}`: what each model's runs used (every run reported, "
+             "counted or not).", ""]
+    lines += _md_table(tables[ACCOUNTING_TABLE]) + [""]
+    notes = accounting_markdown(table)
+    lines += notes + ([""] if notes else [])
+    if report.context is not None:
+        lines += context_markdown(report.context, tables[SPREAD_TABLE], tables[NOISE_TABLE], _md_table)
+    return lines
 
 
 def plot_profiles(board: Leaderboard, path: Path) -> Path:

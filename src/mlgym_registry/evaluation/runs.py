@@ -2,9 +2,9 @@
 
 Two layouts are read:
 
-- MLGym's (and ``bench``'s): one folder per run, named ``<model>__<task>__...``, holding ``results.json`` and
-  ``<task>.traj``. The model is the folder name's first ``__`` field (MLGym's ``metagen-`` prefix dropped), the task
-  the ``.traj`` file's name (else the folder name's second field).
+- MLGym's (and ``bench``'s): one folder per run, named ``<model>__<task>__...``, holding ``results.json`` and a
+  ``.traj`` (``<task>.traj``, though some of MLGym's are named otherwise). The model is the folder name's first ``__``
+  field (MLGym's ``metagen-`` prefix dropped), the task its second, as MLGym's own scripts pick runs (``folder_task``).
 - flat: ``<task>/<model>_run<k>.traj`` beside ``<model>_run<k>.results.json`` (the task is the folder's name).
 
 Scores come from ``results.json`` alone (``{"agent": [metric dicts], "baseline": {...}}``, plus ``"failed"`` when
@@ -172,9 +172,7 @@ def _walk(root: Path) -> Iterator[Run]:
 
 def _folder_run(folder: Path, trajs: list[str], has_results: bool) -> Run:
     fields = folder.name.split("__")
-    task = fields[1] if len(fields) > 1 else folder.name
-    if len(trajs) == 1:
-        task = trajs[0][: -len(TRAJ)]
+    task = folder_task(folder.name, trajs)
     traj = next((t for t in trajs if t == task + TRAJ), trajs[0] if trajs else None)
     return Run(
         label=str(folder),
@@ -183,6 +181,23 @@ def _folder_run(folder: Path, trajs: list[str], has_results: bool) -> Run:
         results_path=folder / RESULTS if has_results else None,
         traj_path=folder / traj if traj else None,
     )
+
+
+def folder_task(name: str, trajs: Iterable[str] = ()) -> str:
+    """The task of the run folder ``name``: the field after the model (``<model>__<task>__...``), whatever its
+    ``.traj`` files are called.
+
+    MLGym picks a task's runs by folder name alone (``*<model>__<task>__*``), and some of its runs hold a ``.traj``
+    named otherwise (``3SATHeuristic.traj`` in ``3SATTime`` folders). A ``.traj`` whose name is the whole rest of the
+    name up to a ``__`` (a task id holding ``__``) names the task; a name without ``__`` gets its only ``.traj``'s
+    stem, else the name itself.
+    """
+    fields = name.split("__")
+    stems = [t[: -len(TRAJ)] for t in sorted(trajs) if t.endswith(TRAJ)]
+    if len(fields) < 2:
+        return stems[0] if len(stems) == 1 else name
+    rest = name[len(fields[0]) + 2 :] + "__"
+    return next((stem for stem in stems if "__" in stem and rest.startswith(stem + "__")), fields[1])
 
 
 def _read(run: Run, bad_files: list[BadFile]) -> None:

@@ -30,7 +30,10 @@ PACKAGES = ("mlgym-registry", "torch", "torchrl", "tensordict", "transformers", 
 HASHED_FILE_LIMIT = 64 * 1024 * 1024
 """Files larger than this enter a task's hash by name and size only (datasets)."""
 USAGE_KEYS = ("api_calls", "tokens_sent", "tokens_received", "task_cost", "api_retries", "empty_responses",
-              "missing_usage")
+              "missing_usage", "model_seconds", "truncated_responses")
+"""The keys of a policy's ``model_stats`` that add up over runs."""
+RUN_KEYS = ("max_call_seconds",)
+"""Keys of ``model_stats`` kept in a run's ``usage`` beside ``USAGE_KEYS`` (not a sum: a maximum)."""
 SAMPLING = ("temperature", "top_p", "max_tokens")
 
 
@@ -54,17 +57,20 @@ def public_endpoint(url: str | None) -> str | None:
 
 
 def policy_settings(policy: str) -> dict[str, Any]:
-    """The endpoint and sampling settings of a policy string (a ``PolicyText`` carries the openai options).
+    """The endpoint, sampling and cost-limit settings of a policy string (a ``PolicyText`` carries the openai options).
 
-    Only the openai policy is built here (it connects on its first call only); other policies have neither.
+    Only the openai policy is built here (it connects on its first call only); other policies have none. The cost
+    limit is ``{"usd", "price_in", "price_out"}`` (the prices decide when it is reached), or None.
     """
     if str(policy).partition(":")[0] != "openai":
-        return {"endpoint": None, "sampling": {}}
+        return {"endpoint": None, "sampling": {}, "cost_limit": None}
     from ..policies import make_policy
 
     built = make_policy(policy)
     try:
-        return {"endpoint": public_endpoint(built.url), "sampling": dict(built.sampling)}
+        limit = None if built.cost_limit is None else {"usd": built.cost_limit, "price_in": built.price_in,
+                                                       "price_out": built.price_out}
+        return {"endpoint": public_endpoint(built.url), "sampling": dict(built.sampling), "cost_limit": limit}
     finally:
         built.close()
 
@@ -229,20 +235,33 @@ def usage_totals(records: Iterable[dict[str, Any] | None]) -> dict[str, Any]:
     """Runs, runs with problems, and the sums of their known usage (``runs_without_usage`` counts the others)."""
     totals: dict[str, Any] = {"runs": 0, "runs_with_problems": 0, "runs_without_usage": 0}
     totals.update({key: 0 for key in USAGE_KEYS})
+    totals.update(max_call_seconds=0.0, wall_seconds=0.0)
     for record in records:
         if record is None:
             continue
         totals["runs"] += 1
         totals["runs_with_problems"] += bool(record.get("problems"))
+        if _is_number(record.get("wall_seconds")):
+            totals["wall_seconds"] += record["wall_seconds"]
         usage = record.get("usage")
         if not isinstance(usage, dict):
             totals["runs_without_usage"] += 1
             continue
-        for key in USAGE_KEYS:
-            value = usage.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                totals[key] += value
+        add_usage(totals, usage)
     return totals
+
+
+def add_usage(totals: dict[str, Any], usage: Mapping[str, Any]) -> None:
+    """Add a run's ``usage`` (its ``model_stats``) into ``totals``: the sums, and the longest call."""
+    for key in USAGE_KEYS:
+        if _is_number(usage.get(key)):
+            totals[key] = totals.get(key, 0) + usage[key]
+    if _is_number(usage.get("max_call_seconds")):
+        totals["max_call_seconds"] = max(totals.get("max_call_seconds", 0.0), usage["max_call_seconds"])
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def run_record(suite: Mapping[str, Any], *, task: str, number: int, task_digest: str, seed: int | None,
@@ -267,5 +286,6 @@ def run_record(suite: Mapping[str, Any], *, task: str, number: int, task_digest:
 def usage_of(info: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The usage keys of an episode's ``info["model_stats"]``; None when the policy records none."""
     stats = (info or {}).get("model_stats")
-    usage = {key: stats[key] for key in USAGE_KEYS if key in stats} if isinstance(stats, dict) else {}
+    keys = (*USAGE_KEYS, *RUN_KEYS)
+    usage = {key: stats[key] for key in keys if key in stats} if isinstance(stats, dict) else {}
     return usage or None

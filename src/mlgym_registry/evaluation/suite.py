@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,16 +165,18 @@ def play(
         if record is not None:
             for run in group:
                 _start_record(run, record, None if seed is None else seed + run.number)
+        started = time.monotonic()
         if engine is None and num_envs == 1:
             results = [_play_here(group[0], policy, first_seed, options, progress, on_progress)]
         else:
             results = _play_many(group, policy, engine or "process", address, first_seed, options, progress,
                                  on_progress)
+        seconds = time.monotonic() - started  # the runs of a group are played at once: each took the group's time
         for index, run in enumerate(group):
             result = results[index] if index < len(results) else _never_started(run)
             played.append((run, result))
             if record is not None:
-                _end_record(run, result)
+                _end_record(run, result, seconds)
             if result.finished and not result.failure:
                 progress.done += 1
             else:
@@ -250,6 +253,10 @@ class GiveUpWithExitApi(Policy):
         """The wrapped policy's (None after it gave up)."""
         return None if self.error else self.policy.last_generation()
 
+    def last_call(self) -> dict[str, Any] | None:
+        """The wrapped policy's (None after it gave up)."""
+        return None if self.error else self.policy.last_call()
+
     def stats(self) -> dict[str, Any] | None:
         """The wrapped policy's usage."""
         return self.policy.stats()
@@ -267,8 +274,9 @@ def _start_record(run: SuiteRun, record: dict[str, Any], seed: int | None) -> No
         record, task=run.spec.id, number=run.number, task_digest=digest, seed=seed, max_steps=run.spec.max_steps))
 
 
-def _end_record(run: SuiteRun, result: EpisodeResult) -> None:
-    """The run's end, usage and problems in its ``settings.json``; the problems in its ``results.json`` too."""
+def _end_record(run: SuiteRun, result: EpisodeResult, seconds: float | None = None) -> None:
+    """The run's end, wall time, usage and problems in its ``settings.json``; the problems in its ``results.json``
+    too."""
     from . import settings
     from .runs import run_problems
 
@@ -279,6 +287,8 @@ def _end_record(run: SuiteRun, result: EpisodeResult) -> None:
     problems = run_problems(result.failure or None, str(status) if status else None,
                             (result.info or {}).get("model_stats"))
     data.update(ended=settings.now(), exit_status=status, usage=usage, problems=problems)
+    if seconds is not None:
+        data["wall_seconds"] = round(seconds, 3)
     settings.write(path, data)
     results = settings.read(run.folder / "results.json")
     if problems and results is not None:

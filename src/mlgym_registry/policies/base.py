@@ -65,6 +65,11 @@ class Policy:
         """The token ids (and log-probs) of the last response, for a policy that runs a model itself; else None."""
         return None
 
+    def last_call(self) -> dict[str, Any] | None:
+        """What the model call behind the last response was, for a policy that calls a model server
+        (``finish_reason``, ``model_seconds``, ``usage``); else None. The episode records it with the step."""
+        return None
+
     def stats(self) -> dict[str, Any] | None:
         """Usage of the model in this episode (MLGym's ``model_stats``: calls, tokens, cost), or None when the policy
         keeps none. The episode records it in its ``info["model_stats"]``."""

@@ -6,7 +6,8 @@ conversation to the endpoint's ``/chat/completions`` and returns the answer's te
 names (servers that check no key get a placeholder).
 
 - Rate limits (429), timeouts, server errors (5xx) and dropped connections are retried with exponential backoff and
-  jitter, or after what a ``Retry-After`` header asks. The client's own retries are off: every attempt goes through
+  jitter, or after what a ``Retry-After`` header asks. A refused connection (nothing listens there) is not: it fails
+  at once. The client's own retries are off: every attempt goes through
   here and is counted.
 - When the server says the conversation does not fit in the model's context, the oldest turns are dropped (the
   system message, the task message and the latest turns stay) and the call is made again; how many turns fit is
@@ -14,7 +15,10 @@ names (servers that check no key get a placeholder).
   action, and the env autosubmits as MLGym's does.
 - Anything else (an unreachable endpoint, a refused key, an unknown model) raises ``PolicyError``, one line naming
   the URL or the model and the fix.
-- ``stats()`` is MLGym's ``model_stats`` for the episode: calls, tokens and cost.
+- ``stats()`` is MLGym's ``model_stats`` for the episode: calls, tokens and cost, and the time spent waiting for the
+  model; ``last_call()`` what the last answer cost (its ``finish_reason``, seconds and usage).
+- With ``cost_limit``, the episode ends with MLGym's ``exit_cost`` (the env autosubmits) once its cost reaches the
+  limit, as MLGym's agent does: the answer that crossed it is not used.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ PLACEHOLDER_KEY = "EMPTY"
 
 EXIT_CONTEXT_THOUGHT = "Exit due to context window"
 """The thought MLGym's agent records on the step that ends an episode whose conversation no longer fits."""
+
+EXIT_COST_THOUGHT = "Exit due to cost limit"
+"""The thought MLGym's agent records on the step that ends an episode whose cost reached its limit."""
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 """Statuses worth another attempt, besides every 5xx."""
@@ -86,11 +93,18 @@ class ModelStats:
     """Answers whose content was empty or null."""
     missing_usage: int = 0
     """Answers without ``usage``: their tokens and cost are unknown (counted as 0)."""
+    model_seconds: float = 0.0
+    """Seconds spent waiting for the model: every attempt of every call, and the waits between retries."""
+    max_call_seconds: float = 0.0
+    """The longest of those calls."""
+    truncated_responses: int = 0
+    """Answers cut at the token limit (``finish_reason`` ``length``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """MLGym's keys in its order, then ``instance_cost`` (MLGym's log name for ``task_cost``) and ours."""
         data = asdict(self)
-        ours = {key: data.pop(key) for key in ("api_retries", "context_trims", "empty_responses", "missing_usage")}
+        ours = {key: data.pop(key) for key in ("api_retries", "context_trims", "empty_responses", "missing_usage",
+                                                "model_seconds", "max_call_seconds", "truncated_responses")}
         return {**data, "instance_cost": self.task_cost, **ours}
 
 
@@ -101,7 +115,8 @@ class OpenAIPolicy(Policy):
     ``temperature``, ``top_p`` and ``max_tokens`` are sent when given (else the server's defaults apply).
     ``timeout`` is each call's limit in seconds; ``max_retries`` how many failed attempts of a call are retried,
     ``backoff`` and ``max_backoff`` the first and the longest wait between them. ``price_in`` and ``price_out`` are
-    prices per million tokens sent and received, for the cost in ``stats()`` (0 when not given). With
+    prices per million tokens sent and received, for the cost in ``stats()`` (0 when not given). ``cost_limit``
+    (dollars per episode; it needs a price) ends the episode with ``exit_cost`` once its cost reaches it. With
     ``trim_context=False`` a context overflow ends the episode at once, as in MLGym.
 
     The object holds only these options until the first call, so it can be rebuilt in a worker process from them.
@@ -112,7 +127,8 @@ class OpenAIPolicy(Policy):
     def __init__(self, model: str, *, base_url: str | None = None, api_key_env: str | None = None,
                  temperature: float | None = None, top_p: float | None = None, max_tokens: int | None = None,
                  timeout: float = 300.0, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0,
-                 price_in: float = 0.0, price_out: float = 0.0, trim_context: bool = True):
+                 price_in: float = 0.0, price_out: float = 0.0, cost_limit: float | None = None,
+                 trim_context: bool = True):
         if not isinstance(model, str) or not model.strip():
             raise InvalidOptionError("the openai policy needs a model name: --policy openai:MODEL")
         _check("temperature", temperature, lambda v: is_number(v) and v >= 0, "a number >= 0", optional=True)
@@ -123,6 +139,10 @@ class OpenAIPolicy(Policy):
         for name, value in (("backoff", backoff), ("max_backoff", max_backoff), ("price_in", price_in),
                             ("price_out", price_out)):
             _check(name, value, lambda v: is_number(v) and v >= 0, "a number >= 0")
+        _check("cost_limit", cost_limit, lambda v: is_number(v) and v > 0, "a number of dollars > 0", optional=True)
+        if cost_limit is not None and not (price_in or price_out):
+            raise InvalidOptionError(f"--cost-limit {cost_limit:g} needs the model's prices to count the cost: pass "
+                                     f"--price-in and --price-out (USD per million tokens)")
         if base_url is not None and not re.match(r"https?://", str(base_url)):
             raise InvalidOptionError(f"--base-url {base_url!r} must be an http:// or https:// URL, "
                                      f"e.g. http://127.0.0.1:8000/v1")
@@ -139,8 +159,10 @@ class OpenAIPolicy(Policy):
         self.timeout, self.max_retries = float(timeout), max_retries
         self.backoff, self.max_backoff = float(backoff), float(max_backoff)
         self.price_in, self.price_out = float(price_in), float(price_out)
+        self.cost_limit = None if cost_limit is None else float(cost_limit)
         self.trim_context = trim_context
         self.usage = ModelStats()
+        self._last_call: dict[str, Any] | None = None
         self._keep: int | None = None  # messages after the head that fit the context; None: all of them
         self._client: Any = None
         self._openai: Any = None
@@ -163,10 +185,18 @@ class OpenAIPolicy(Policy):
         again."""
         self.usage = ModelStats(total_cost=self.usage.total_cost)
         self._keep = None
+        self._last_call = None
 
     def stats(self) -> dict[str, Any]:
         """MLGym's ``model_stats`` of the episode so far."""
         return self.usage.to_dict()
+
+    def last_call(self) -> dict[str, Any] | None:
+        """What the last answer was: its ``finish_reason``, ``model_seconds`` (retries included) and ``usage``
+        (``prompt_tokens``, ``completion_tokens``; None when the answer had none). None before the first answer, and
+        for an answer made up without a call (``exit_context``, ``exit_cost`` once over the limit); the ``exit_cost``
+        that replaces the answer crossing the limit keeps that answer's call, which was paid for."""
+        return None if self._last_call is None else dict(self._last_call)
 
     def close(self) -> None:
         """Close the connection."""
@@ -177,10 +207,14 @@ class OpenAIPolicy(Policy):
     def respond(self, messages: Messages) -> str:
         """The model's answer to ``messages``, after retries and trimming; ``exit_context`` in a fenced block when
         the conversation cannot be cut to fit."""
+        self._last_call = None
+        if self._over_cost_limit():
+            return fenced(EXIT_COST_THOUGHT, "exit_cost")
         if self._client is None:
             self._connect()
         chat = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in messages]
         head = head_length(chat)
+        started = time.monotonic()
         while True:
             sent = self._window(chat, head)
             try:
@@ -188,11 +222,29 @@ class OpenAIPolicy(Policy):
                                                 messages=sent, **self.sampling)
             except self._openai.APIStatusError as exc:
                 if not is_context_overflow(exc):
+                    self._timed(started)
                     raise self._status_failure(exc, 1) from exc
                 if not self._trim(chat, head, len(sent) - head):
+                    self._timed(started)
                     return fenced(EXIT_CONTEXT_THOUGHT, "exit_context")
                 continue
-            return self._answer(completion)
+            except PolicyError:
+                self._timed(started)
+                raise
+            text = self._answer(completion, self._timed(started))
+            if self._over_cost_limit():  # as MLGym: the answer that crossed the limit is not used
+                return fenced(EXIT_COST_THOUGHT, "exit_cost")
+            return text
+
+    def _over_cost_limit(self) -> bool:
+        return self.cost_limit is not None and self.usage.task_cost >= self.cost_limit
+
+    def _timed(self, started: float) -> float:
+        """Count the seconds since ``started`` as time spent waiting for the model; return them."""
+        seconds = time.monotonic() - started
+        self.usage.model_seconds += seconds
+        self.usage.max_call_seconds = max(self.usage.max_call_seconds, seconds)
+        return seconds
 
     def check_endpoint(self) -> None:
         """Raise ``PolicyError`` now if the endpoint cannot be reached, refuses the key or does not list the model
@@ -231,16 +283,17 @@ class OpenAIPolicy(Policy):
                     raise self._status_failure(exc, failures + 1) from exc
                 failed: Exception = exc
             except self._openai.APIConnectionError as exc:  # refused, reset, timed out
-                if failures >= self.max_retries:
+                if failures >= self.max_retries or connection_refused(exc):  # nothing listens: retrying is no use
                     raise self._connection_failure(exc, failures + 1) from exc
                 failed = exc
             failures += 1
             self._wait(failures, failed)
 
-    def _answer(self, completion: Any) -> str:
-        """Count a completion's usage and cost; return its text."""
+    def _answer(self, completion: Any, seconds: float = 0.0) -> str:
+        """Count a completion's usage and cost, and keep what the call was (``last_call``); return its text."""
         try:
             text = completion.choices[0].message.content if completion.choices else ""
+            finish = completion.choices[0].finish_reason if completion.choices else None
         except AttributeError:
             raise PolicyError(f"{self.url} answered with something that is not a chat completion "
                               f"({str(completion)[:80]!r}): is --base-url an OpenAI-compatible endpoint?") from None
@@ -256,6 +309,12 @@ class OpenAIPolicy(Policy):
         stats.total_cost += cost
         stats.missing_usage += usage is None
         stats.empty_responses += not text
+        stats.truncated_responses += finish == "length"
+        self._last_call = {
+            "finish_reason": finish if finish is None else str(finish),
+            "model_seconds": round(seconds, 4),
+            "usage": None if usage is None else {"prompt_tokens": sent, "completion_tokens": received},
+        }
         return text or ""
 
     def _wait(self, failures: int, exc: Exception) -> None:
@@ -319,8 +378,8 @@ class OpenAIPolicy(Policy):
             return PolicyError(f"{self.url} did not answer within {self.timeout:g} s ({attempts} attempts): raise "
                                f"--timeout, or check that the server is up")
         reason = one_line(str(exc.__cause__ or exc))
-        return PolicyError(f"cannot reach {self.url} ({reason}; {attempts} attempts): start the server or pass "
-                           f"--base-url URL")
+        tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+        return PolicyError(f"cannot reach {self.url} ({reason}; {tries}): start the server or pass --base-url URL")
 
     def _unknown_model(self) -> PolicyError | None:
         """The error for a model the server does not list, or None when it lists it (or cannot list)."""
@@ -351,6 +410,18 @@ def head_length(messages: list[dict[str, str]]) -> int:
     if index < len(messages) and messages[index]["role"] == "user":
         index += 1
     return index
+
+
+def connection_refused(exc: BaseException) -> bool:
+    """True when a failed call's cause is a refused connection (nothing listens at the address)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConnectionRefusedError) or "connection refused" in str(current).lower():
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def server_message(exc: Any) -> str:
