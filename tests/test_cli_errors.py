@@ -68,7 +68,7 @@ def test_out_of_range_numbers_are_usage_errors(tmp_path, args, message):
 
 # -- values checked before anything is written ---------------------------------------------------------------------
 @pytest.mark.parametrize(("option", "message"), [
-    ("bogus=1", "unknown backend option(s) 'bogus' for backend 'local'; it takes: "),
+    ("xyzzy=1", "unknown backend option(s) 'xyzzy' for backend 'local'; it takes: "),
     ("command_timout=5", "unknown backend option(s) 'command_timout' (did you mean 'command_timeout'?)"),
     ("command_timeout=abc", "command_timeout must be a number > 0, got 'abc' (str)"),
     ("long_timeout=0", "long_timeout must be a number > 0 or None, got 0 (int)"),

@@ -199,17 +199,15 @@ def test_the_opponent_of_an_mlgym_game_is_pristine(checkout):
         backend.close()
 
 
-def test_missing_dataset_files_are_named_at_reset_and_nothing_stays_behind(checkout, tmp_path):
+def test_missing_dataset_files_are_named_at_make_and_nothing_stays_behind(checkout, tmp_path):
     shutil.rmtree(checkout / "data/x/data")
     workspaces = tmp_path / "workspaces"
     workspaces.mkdir()
-    env = fresh().make("mlgym/xTask", workspace_dir=str(workspaces))
     with pytest.raises(FileNotFoundError) as caught:
-        env.reset()
+        fresh().make("mlgym/xTask", workspace_dir=str(workspaces))
     message = str(caught.value)
     assert "'xTask'" in message and "'XData'" in message and str(checkout / "data/x/data") in message
-    assert "put them there" in message
-    env.close()
+    assert "Put the files in a data folder" in message and "MLGYM_REGISTRY_DATA" in message
     assert list(workspaces.iterdir()) == []
 
 

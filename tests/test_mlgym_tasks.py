@@ -4,6 +4,7 @@ and metric names that differ between a task's baseline and its evaluator never r
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,8 @@ evaluation_paths:
   - evaluate.py
 sample_submission: data/titanic/sample_submission.csv
 evaluation_read_only: true
+# MLGym's evaluator imports pandas and sklearn (our overlay declares them); the one below needs the standard library
+requirements: []
 """
 
 TITANIC_DATA = """\
@@ -209,7 +212,7 @@ def test_the_real_titanic_hides_its_ground_truth():
     reg = fresh()
     spec = reg.spec("mlgym/titanicSurvival")
     assert "data/ground_truth.csv" in spec.secret_files
-    backend = LocalBackend(spec, seed=0)
+    backend = LocalBackend(spec, seed=0, python=sys.executable)  # nothing is evaluated: no pandas needed
     try:
         backend.reset()
         backend.install_tools()

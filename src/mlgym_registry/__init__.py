@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .environments import prepare
 from .errors import (
     BackendUnavailable,
     ComponentOutputError,
@@ -18,9 +19,11 @@ from .errors import (
     FormatError,
     InvalidOverrideError,
     InvalidTaskError,
+    MissingTaskPackages,
     MLGymRegistryError,
     PluginLoadError,
     PolicyOutputError,
+    PrepareFailed,
     TaskFilesMissing,
     UnknownNameError,
 )
@@ -38,9 +41,11 @@ __all__ = [
     "FormatError",
     "InvalidOverrideError",
     "InvalidTaskError",
+    "MissingTaskPackages",
     "MLGymRegistryError",
     "PluginLoadError",
     "PolicyOutputError",
+    "PrepareFailed",
     "EnvMisuseError",
     "Registry",
     "ResolvedTask",
@@ -50,6 +55,7 @@ __all__ = [
     "hookimpl",
     "load_task_yaml",
     "make",
+    "prepare",
     "registry",
     "spec",
 ]

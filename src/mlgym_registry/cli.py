@@ -28,6 +28,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
               "check a task (files, evaluator, baseline), or a plugin's components (--plugin, --kind)"),
     "report": ("mlgym_registry.commands.report", "tables, ranks and AUP over recorded runs, as MLGym publishes them"),
     "bench": ("mlgym_registry.commands.bench", "play K runs of each task with a policy, in MLGym's layout (resumable)"),
+    "prepare": ("mlgym_registry.commands.prepare",
+                "build the Python environment (and make the data) a task needs, once; --list shows them"),
 }
 """Sub-commands that live in their own modules, each with ``add_arguments(parser)`` and ``main(args) -> int``.
 A module is imported only when its command is the one asked for, so ``list`` stays fast."""

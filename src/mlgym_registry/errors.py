@@ -84,6 +84,25 @@ class InvalidTaskError(MLGymRegistryError, ValueError):
     """A task file or task spec that cannot be used as it is."""
 
 
+class MissingTaskPackages(InvalidTaskError):
+    """A task needs packages that the interpreter it would run with lacks, and no prepared environment has them. The
+    message names the task, the packages and the command that prepares an environment with them
+    (``mlgym-registry prepare TASK``; see ``mlgym_registry.environments``)."""
+
+    def __init__(self, task: str, missing: Iterable[str], python: str, command: str):
+        self.task, self.missing, self.python, self.command = task, list(missing), python, command
+        super().__init__(
+            f"task {task!r} needs packages that {python} does not have: {', '.join(self.missing)}. Prepare a Python "
+            f"environment with them once: {command}; or give the local backend python='/path/to/bin/python' of an "
+            "interpreter that has them."
+        )
+
+
+class PrepareFailed(MLGymRegistryError, RuntimeError):
+    """Building a task's Python environment failed (``mlgym-registry prepare``); the message holds pip's last lines.
+    Nothing of the half-built environment is left behind."""
+
+
 class TaskFilesMissing(MLGymRegistryError, FileNotFoundError):
     """A task's files (starter code, a local dataset) are not where its task file says they are."""
 

@@ -367,6 +367,7 @@ class Registry:
             spec = TaskSpec.from_dict(name)
         else:
             spec = self.get("task", name)
+            spec.registered_as = name
         return self._with_component_refs(spec)
 
     def _with_component_refs(self, spec: TaskSpec) -> TaskSpec:
@@ -420,6 +421,9 @@ class Registry:
         check_available = getattr(backend_factory, "check_available", None)
         if callable(check_available):  # a backend that cannot run on this machine says so now, not at reset
             check_available(**backend_options)
+        check_task = getattr(backend_factory, "check_task", None)
+        if callable(check_task):  # so can one that cannot serve this task (its data or packages are missing)
+            check_task(spec, **backend_options)
         resolved = ResolvedTask(
             spec=spec,
             backend_factory=backend_factory,

@@ -70,6 +70,9 @@ class TaskSpec:
     memory_path: str | None = None
     # ours: workspace files the agent must not be able to change its score through (e.g. the opponent)
     protected_files: list[str] = field(default_factory=list)
+    # ours: pip requirement strings of the packages the task's code and evaluator import, besides the lines of
+    # requirements_path (None: not declared; see environments.py, which runs the task with an interpreter having them)
+    requirements: list[str] | None = None
     # ours, for rewards: the worst honest value of each metric (a failed evaluation is paid as this score, and honest
     # scores beyond it are clipped to it); a reward that replaces it (None: from worst_score, else -1.0); whether the
     # autosubmission after repeated format errors is paid its evaluator score (by default it is paid as a failure)
@@ -91,6 +94,9 @@ class TaskSpec:
     aliases_file: str | None = None
     components: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    registered_as: str | None = field(default=None, compare=False)
+    """The name the registry was asked for (``mlgym/<id>`` for a namespaced task), for messages to name the task as
+    the user does (``mlgym-registry prepare NAME``); None for a spec that did not come from the registry."""
 
     # -- serialisation -------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -176,6 +182,10 @@ def load_task_yaml(path: str | Path, *, root: str | Path | None = None, **defaul
         if merged.get(key) is None:
             merged[key] = []
         merged[key] = [str(item) for item in merged[key]]
+    if merged.get("requirements") is not None:
+        if not isinstance(merged["requirements"], list):
+            raise InvalidTaskError(f"task file {str(path)!r}: requirements must be a list of pip requirement strings")
+        merged["requirements"] = [str(item) for item in merged["requirements"]]
     spec = TaskSpec.from_dict(merged)
     _check_types(spec, path)
     return spec

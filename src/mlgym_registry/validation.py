@@ -123,6 +123,9 @@ OPTION_RULES: dict[str, Rule] = {
     "sandbox": Rule("'bwrap' or 'none'", lambda value: value in ("bwrap", "none")),
     "workspace_dir": instance_of("a folder path", str, os.PathLike, optional=True),
     "python": instance_of("an interpreter path", str, os.PathLike, optional=True),
+    "data_dir": instance_of("a folder path", str, os.PathLike, optional=True),
+    "gpus": BOOLEAN,
+    "trust_agent_code": BOOLEAN,
     # the chain
     "chat_template_name": instance_of("a string", str, optional=True),
     "reward_wrong_format": Rule("a number", is_number, optional=True),

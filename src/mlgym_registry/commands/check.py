@@ -49,6 +49,7 @@ def main(args: argparse.Namespace) -> int:
             "baseline": report.spec.baseline,
             "problems": report.problems,
             "notes": report.notes,
+            "known_differences": report.known_differences,
         }, indent=2))
         return 0 if report.ok else 1
     print(f"task {report.spec.id} ({report.spec.source or 'registered in code'})")
@@ -56,7 +57,9 @@ def main(args: argparse.Namespace) -> int:
     for run in report.runs:
         print(f"  evaluator run (seed {run.seed}): {run.metrics}")
     for note in report.notes:
-        print(f"  baseline ok: {note}")
+        print(f"  baseline reproduced: {note}")
+    for difference in report.known_differences:
+        print(f"  baseline differs, known cause: {difference}")
     for problem in report.problems:
         print(f"  PROBLEM: {problem}")
     print("OK" if report.ok else "FAILED")

@@ -31,6 +31,52 @@ BASELINE_METRICS: dict[str, dict[str, float]] = {
 """Baseline values MLGym publishes for a task's ranking metric where the task file's ``baseline_scores`` omit it."""
 
 
+_KAGGLE_SPLIT = {
+    # _helpers/_generate_split.py reads _helpers/train.csv (Kaggle's labelled houses) and writes train, validation,
+    # test and answer CSVs to ../data, the data_path of datasets/kaggleHousePrice.yaml; MLGym's repository ships the
+    # input, not the split
+    "script": "data/regressionKaggleHousePrice/_helpers/_generate_split.py",
+    "output": "data/regressionKaggleHousePrice/data",
+}
+_GENDER_RULE = (
+    # our own baseline program: every woman survives, no man does (Kaggle's example submission for the competition)
+    "python -c \"import csv; rows = list(csv.DictReader(open('data/test.csv'))); "
+    "out = open('submission.csv', 'w', newline=''); w = csv.writer(out); w.writerow(['PassengerId', 'Survived']); "
+    "w.writerows([r['PassengerId'], int(r['Sex'] == 'female')] for r in rows); out.close()\""
+)
+_JITS_AGENT_CODE = {
+    # evaluate.py imports the agent's src.networks and src.helpers, unpickles its checkpoints and traces the agent's
+    # network with jax.jit inside its own rollouts: the agent's code cannot run in another process
+    "agent_code_in_evaluator": True,
+}
+EXTRAS: dict[str, dict[str, object]] = {
+    "rlBreakoutMinAtar": _JITS_AGENT_CODE,
+    "rlMetaMazeMisc": _JITS_AGENT_CODE,
+    "rlMountainCarContinuous": _JITS_AGENT_CODE,
+    "rlMountainCarContinuousReinforce": _JITS_AGENT_CODE,
+    "regressionKaggleHousePrice": {"prepare_data": _KAGGLE_SPLIT},
+    "regressionKaggleHousePriceL1": {"prepare_data": _KAGGLE_SPLIT},
+    "titanicSurvival": {
+        "baseline_command": _GENDER_RULE,
+        "baseline_note": (
+            "the published 0.76555 is the score of Kaggle's example submission (every woman survives, no man does) "
+            "on the competition's hidden labels. The checkout's data/ground_truth.csv is that example submission "
+            "itself (all 418 rows agree with the rule), so the rule scores 1.0 here: put the competition's real "
+            "labels, as ground_truth.csv beside train.csv and test.csv, in a data folder (data_dir= or "
+            "MLGYM_REGISTRY_DATA, at data/titanic/data) to reproduce 0.76555"
+        ),
+    },
+}
+"""Task extras we add (see ``mlgym_registry.datasets.prepare_data`` and ``mlgym_registry.evaluator_runs``): how to
+make a task's data from what its repository ships, the baseline program of a task whose file names none, and why a
+published baseline cannot be reproduced from a checkout's data."""
+
+
+def overlay_extras(task_id: str, extra: dict[str, object]) -> dict[str, object]:
+    """``extra`` completed by the extras we add for MLGym's task ``task_id`` (the task file's own values win)."""
+    return {**EXTRAS.get(task_id.removeprefix("mlgym/"), {}), **extra}
+
+
 def overlay_secret_files(task_id: str) -> list[str]:
     """The evaluator-only files we add to MLGym's task ``task_id`` (``mlgym/`` prefix allowed); [] when none."""
     return list(SECRET_FILES.get(task_id.removeprefix("mlgym/"), ()))
@@ -43,3 +89,50 @@ def overlay_baseline(task_id: str, baseline_scores: list[dict[str, float]]) -> l
         return [dict(scores) for scores in baseline_scores]
     first = {**known, **baseline_scores[0]}
     return [first] + [dict(scores) for scores in baseline_scores[1:]]
+
+
+# pandas<3: the Kaggle task's _helpers/_generate_split.py calls df.drop(columns=..., axis=1), an error from pandas 3 on
+# (MLGym's image predates it)
+_TABULAR = ("numpy", "pandas<3", "scikit-learn")
+_IMAGE_CLASSIFICATION = ("numpy", "pandas", "scikit-learn", "torch", "transformers", "accelerate", "datasets", "pillow")
+REQUIREMENTS: dict[str, tuple[str, ...]] = {
+    # evaluate.py and baseline.py import pandas and sklearn (numpy through them)
+    "titanicSurvival": _TABULAR,
+    "regressionKaggleHousePrice": _TABULAR,
+    "regressionKaggleHousePriceL1": _TABULAR,
+    "regressionHousePrice": _TABULAR,
+    "regressionHousingPrice": _TABULAR,
+    # the games' evaluate.py and 3SATTime's evaluate.py import numpy; the rest is the standard library
+    "prisonersDilemma": ("numpy",),
+    "battleOfSexes": ("numpy",),
+    "blotto": ("numpy",),
+    "3SATTime": ("numpy",),
+    # baseline.py: torch, transformers' Trainer (which needs accelerate; MLGym's image has transformers[torch]) and
+    # datasets, whose image columns decode with Pillow; evaluate.py: datasets, pandas, sklearn
+    "imageClassificationCifar10": _IMAGE_CLASSIFICATION,
+    "imageClassificationFMnist": _IMAGE_CLASSIFICATION,
+    # baseline.py and evaluate.py: torch, transformers, datasets, tqdm, numpy
+    "naturalLanguageInferenceMNLI": ("numpy", "torch", "transformers", "datasets", "tqdm"),
+    # baseline.py and evaluate.py: torch and numpy
+    "languageModelingFineWeb": ("numpy", "torch"),
+    # baseline.py imports numpy and tqdm besides what the task's requirements file lists
+    "imageCaptioningCOCO": ("numpy", "tqdm"),
+}
+"""The packages each MLGym task's code imports (its evaluate.py and baseline), read from the task folders. MLGym's
+container has them from its generic conda requirements, or from the task's own requirements file
+(``requirements_path``), whose lines are added to these (``environments.task_requirements``)."""
+
+RL_TASKS = ("rlBreakoutMinAtar", "rlMetaMazeMisc", "rlMountainCarContinuous", "rlMountainCarContinuousReinforce")
+"""Tasks whose requirements file names ``jax[cuda12]``: the CUDA build of jax, which a host without an NVIDIA GPU
+cannot use."""
+
+
+def overlay_requirements(task_id: str) -> list[str]:
+    """The packages we declare for MLGym's task ``task_id`` (``mlgym/`` prefix allowed); [] when none. On a host
+    without NVIDIA devices the RL tasks get ``jax``, which replaces their requirements file's ``jax[cuda12]``."""
+    from pathlib import Path
+
+    task_id = task_id.removeprefix("mlgym/")
+    if task_id in RL_TASKS:
+        return [] if any(Path("/dev").glob("nvidia[0-9]*")) else ["jax"]
+    return list(REQUIREMENTS.get(task_id, ()))

@@ -22,7 +22,7 @@ from ..errors import InvalidTaskError
 from ..hookspecs import hookimpl
 from ..specs import TaskSpec, load_task_yaml
 from .mlgym_metrics import mlgym_ranking_metric
-from .mlgym_overlay import overlay_baseline, overlay_secret_files
+from .mlgym_overlay import overlay_baseline, overlay_extras, overlay_requirements, overlay_secret_files
 
 ROOT_ENV = "MLGYM_ROOT"
 NAMESPACE = "mlgym/"
@@ -118,7 +118,7 @@ def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
             f"MLGym's task classes ({', '.join(ENTRYPOINTS)}); MLGym cannot run it either"
         )
     aliases = root / "dockerfiles" / "aliases.sh"
-    extra = dict(spec.extra)
+    extra = overlay_extras(spec.id, dict(spec.extra))
     known = mlgym_ranking_metric(spec.id)
     if known is not None:
         extra.setdefault("priority_metric", known.name)
@@ -127,6 +127,7 @@ def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
         protected_files=list(spec.protected_files) or evaluator_modules(spec),
         secret_files=list(dict.fromkeys([*spec.secret_files, *overlay_secret_files(spec.id)])),
         baseline_scores=overlay_baseline(spec.id, list(spec.baseline_scores)),
+        requirements=spec.requirements if spec.requirements is not None else overlay_requirements(spec.id),
         datasets=[load_dataset(root, item) for item in spec.dataset_configs],
         aliases_file=str(aliases) if aliases.is_file() else None,
         tags=[TAG] + [t for t in spec.tags if t != TAG],

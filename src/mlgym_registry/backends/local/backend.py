@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ... import datasets as datasets_mod
 from ... import seeding
+from ...environments import task_python
 from ...errors import BackendUnavailable, TaskFilesMissing
 from ...specs import TaskSpec
 from ..protocol import EVALUATION_OK, EVALUATION_STATUS_KEY, INFRA_ERROR, ToolSet, new_info
@@ -262,8 +264,11 @@ class LocalBackend:
     ``reset``),
     ``workspace_dir`` (folder to create the private temporary folder in), ``python`` (the interpreter the agent's
     shell and the evaluator use, e.g. a virtual environment with the task's packages, as MLGym's conda environment
-    would have them; default the one running this process), ``sandbox`` (``"bwrap"``, the default, or ``"none"`` to
-    run unsandboxed: unsafe, for trusted policies only).
+    would have them; default the task's: see ``task_python``), ``sandbox`` (``"bwrap"``, the default, or ``"none"`` to
+    run unsandboxed: unsafe, for trusted policies only), ``data_dir`` (a folder, or several separated by ``os.pathsep``,
+    searched first for the task's local datasets; see ``mlgym_registry.datasets``), ``gpus`` (show the host's NVIDIA
+    devices and driver libraries to the sandbox; see ``sandbox.gpu_devices``), ``trust_agent_code`` (run a task whose
+    evaluator imports the agent's code into its own process, ``agent_code_in_evaluator``: its scores can be forged).
     """
 
     name = "mlgym_main"
@@ -285,12 +290,15 @@ class LocalBackend:
         workspace_dir: str | None = None,
         python: str | None = None,
         sandbox: str = "bwrap",
+        data_dir: str | None = None,
+        gpus: bool = False,
+        trust_agent_code: bool = False,
     ):
         if sandbox not in sandbox_mod.SANDBOX_MODES:
             raise ValueError(f"local backend: sandbox={sandbox!r}; use one of {', '.join(sandbox_mod.SANDBOX_MODES)}")
         self.check_available(sandbox=sandbox)
         self.sandboxed = sandbox == "bwrap"
-        self.python = _interpreter(python)
+        self.python = _interpreter(python, spec)
         self.spec = spec
         self.command_timeout = command_timeout
         self.long_timeout = long_timeout if long_timeout is not None else (spec.training_timeout or LONG_TIMEOUT)
@@ -300,6 +308,14 @@ class LocalBackend:
         self.max_snapshot_mb = max_snapshot_mb if max_snapshot_mb is not None else SNAPSHOT_FILE_MULTIPLE * (
             max_file_mb or DEFAULT_FILE_MB)
         self.network = network
+        self.data_dir = data_dir
+        self.gpus = gpus
+        self.trust_agent_code = trust_agent_code
+        _refuse_untrusted_evaluator(spec, trust_agent_code)
+        if gpus:
+            _refuse_missing_gpus()
+        self._dataset_sources: list[Path] = []
+        _refuse_unservable_datasets(spec, data_dir)
         self.seed = seed
         """The user's seed of the current stream of episodes (None: every episode draws fresh randomness)."""
         self.episode = -1
@@ -358,9 +374,11 @@ class LocalBackend:
         """The system modules the task's last finished evaluation imported: the next one's evaluator preloads them."""
 
     @staticmethod
-    def check_available(*, sandbox: str = "bwrap", **_options: Any) -> None:
-        """Raise ``BackendUnavailable`` now (at ``make``) when this host cannot run the chosen sandbox; warn once
-        when there is to be none."""
+    def check_available(*, sandbox: str = "bwrap", gpus: bool = False, **_options: Any) -> None:
+        """Raise ``BackendUnavailable`` now (at ``make``) when this host cannot run the chosen sandbox or has no GPUs
+        to show; warn once when there is to be no sandbox."""
+        if gpus:
+            _refuse_missing_gpus()
         if sandbox == "none":
             sandbox_mod.warn_unsandboxed()
         elif sandbox == "bwrap":
@@ -368,6 +386,16 @@ class LocalBackend:
                 sandbox_mod.check()
             except sandbox_mod.SandboxUnavailable as exc:
                 raise BackendUnavailable(f"local backend: {exc}") from None
+
+    @staticmethod
+    def check_task(spec: TaskSpec, *, data_dir: str | None = None, python: str | None = None,
+                   trust_agent_code: bool = False, **_options: Any) -> None:
+        """Raise now (at ``make``) when this backend cannot serve ``spec``: its evaluator would run the agent's code
+        in-process untrusted, its data is missing or unservable, or the packages it needs are nowhere
+        (``MissingTaskPackages``)."""
+        _refuse_untrusted_evaluator(spec, trust_agent_code)
+        _refuse_unservable_datasets(spec, data_dir)
+        _interpreter(python, spec)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
@@ -377,7 +405,9 @@ class LocalBackend:
         a seed plays the stream's next episode (the constructor's ``seed`` starts a stream too). An episode's evaluator
         seed is derived from the user's seed, the episode's index and this installation's key (``seeding.py``); it
         reaches the evaluator's process only, and stays the same for every evaluation of the episode. Without a seed,
-        every episode draws fresh randomness.
+        every episode draws fresh randomness. ``options={"evaluation_seed": s}`` sets the evaluator's seed itself
+        (and the agent process's, unless ``"agent_seed"`` is given too), for tools that score starter code under
+        chosen seeds (``mlgym_registry.testing.run_evaluator``); it comes from the trainer, never from the agent.
         """
         if self._finalizer.alive is False:
             raise RuntimeError("this LocalBackend was closed; make a new one")
@@ -385,6 +415,10 @@ class LocalBackend:
             self.seed, self.episode = seed, -1
         self.episode += 1
         self._episode_seeds = seeding.EpisodeSeeds.draw(self.seed, self.episode)
+        options = options or {}
+        if options.get("evaluation_seed") is not None:  # trusted tooling (check, baselines) scoring under chosen seeds
+            self._episode_seeds = seeding.EpisodeSeeds(
+                int(options["evaluation_seed"]), int(options.get("agent_seed", options["evaluation_seed"])))
         self._res.stop_evaluation()  # it holds the last episode's seed
         self._res.stop_session()
         self.current_step = 0
@@ -667,6 +701,7 @@ class LocalBackend:
             agent_seed=seeds.agent,
             limit_events=self._limit_events,
             agent_modules=frozenset(_module_names(self.spec.starter_code)),
+            agent_code_in_process=self.trust_agent_code and agent_code_in_evaluator(self.spec),
         )
 
     def _limit_events(self) -> int:
@@ -709,16 +744,10 @@ class LocalBackend:
     def _copy_datasets(self) -> None:
         """Local datasets into ``workspace/data``, read-only; evaluations see the task's own copy, not the agent's."""
         data = self.host_workspace / "data"
-        for dataset in self.spec.datasets:
-            if not dataset.get("is_local") or not dataset.get("data_path"):
-                continue
-            source = self.spec.resolve_path(dataset["data_path"])
-            if not source.exists():
-                raise TaskFilesMissing(
-                    f"task {self.spec.id!r}: the files of its local dataset {dataset.get('name', '')!r} are not at "
-                    f"{str(source)!r}. The task file's repository does not ship them: put them there (MLGym prepares "
-                    "such data outside its repository) or choose a task whose data is present"
-                )
+        self._dataset_sources = []
+        for dataset in datasets_mod.local_datasets(self.spec):
+            source = datasets_mod.find_local_dataset(self.spec, dataset, self.data_dir)
+            self._dataset_sources.append(source)
             target = data if not data.exists() else data / source.name
             if source.is_dir():
                 shutil.copytree(source, target)
@@ -778,7 +807,8 @@ class LocalBackend:
         driver's own, which may hold keys), else the driver's less what would confuse bash."""
         bin_dir = os.path.dirname(self.python)
         if self.sandboxed:
-            env = {k: v for k, v in os.environ.items() if k in PASSED_VARIABLES or k.startswith(PASSED_PREFIXES)}
+            passed = PASSED_VARIABLES | set(sandbox_mod.GPU_VARIABLES) if self.gpus else PASSED_VARIABLES
+            env = {k: v for k, v in os.environ.items() if k in passed or k.startswith(PASSED_PREFIXES)}
             env.update(
                 PATH=os.pathsep.join([bin_dir, self._commands_path(), SYSTEM_PATH]),
                 HOME=sandbox_mod.AGENT_HOME,
@@ -816,16 +846,21 @@ class LocalBackend:
         ]
         if self.spec.aliases_file:
             binds.append(sandbox_mod.Bind(str(self.spec.resolve_path(self.spec.aliases_file)), ALIASES_MOUNT))
+        devices: list[str] = []
+        if self.gpus:
+            devices = sandbox_mod.gpu_devices()
+            binds += [sandbox_mod.Bind(folder, folder) for folder in sandbox_mod.gpu_library_folders()]
         hidden = [str(PACKAGE_DIR), str(self._res.root), *_key_folders([bind.source for bind in binds])]
         if self.spec.root:
             hidden.append(str(Path(self.spec.root).resolve()))
+        hidden += [str(source.resolve()) for source in self._dataset_sources]  # a data folder may hold answers
         # the sandbox's in-memory folders (/tmp, /var/tmp, ~, /dev/shm) count against the memory limit only under a
         # memory cgroup: keep the four together within seven eighths of it in any case
         memory = self.limits.memory_limit_mb
         size = 512 if not memory else max(16, min(512, memory // 4))
         shm = 64 if not memory else max(8, min(64, memory // 8))
         return sandbox_mod.SandboxSpec(binds=binds, hidden=hidden, network=self.network, tmp_size_mb=size,
-                                       home_size_mb=size, shm_size_mb=shm)
+                                       home_size_mb=size, shm_size_mb=shm, devices=devices)
 
     def _wrap_evaluation(self, argv: list[str], view: Path) -> list[str]:
         return [*self._limits_prefix(self._res.cgroup, self._res.memory),
@@ -1028,10 +1063,58 @@ def runs_training(action: str) -> bool:
     return False
 
 
-def _interpreter(python: str | None) -> str:
-    """The absolute path of the ``python=`` option's interpreter (a path or a command name on ``PATH``)."""
+AGENT_CODE_IN_EVALUATOR = "agent_code_in_evaluator"
+"""A task extra: its evaluator must import the agent's code into its own process (to trace it with a JIT compiler,
+say), so the agent's code could print or change the score."""
+
+
+def agent_code_in_evaluator(spec: TaskSpec) -> bool:
+    """Whether ``spec``'s evaluator runs the agent's code in its own process (``AGENT_CODE_IN_EVALUATOR``)."""
+    return bool(spec.extra.get(AGENT_CODE_IN_EVALUATOR))
+
+
+def _refuse_untrusted_evaluator(spec: TaskSpec, trust_agent_code: bool) -> None:
+    """A task whose evaluator runs the agent's code in-process is refused unless the user trusts that code: the
+    agent could forge every score of it."""
+    if agent_code_in_evaluator(spec) and not trust_agent_code:
+        raise BackendUnavailable(
+            f"local backend: task {spec.id!r} declares {AGENT_CODE_IN_EVALUATOR}: its evaluator runs the agent's code "
+            "(its model) in the evaluator's own process, so the agent could print or change its score. Pass "
+            "trust_agent_code=True to run it anyway (for trusted policies and debugging, never to train on), or run "
+            "it on the mlgym backend"
+        )
+
+
+def _refuse_missing_gpus() -> None:
+    if not sandbox_mod.gpu_devices():
+        raise BackendUnavailable(
+            "local backend: gpus=True, but this host has no NVIDIA device nodes (/dev/nvidia*): install the NVIDIA "
+            "driver, or leave gpus off"
+        )
+
+
+def _refuse_unservable_datasets(spec: TaskSpec, data_dir: str | None) -> None:
+    """At construction, not at the first reset: a local dataset that is nowhere (``TaskFilesMissing`` names where
+    it was looked for), or a Hugging Face hub dataset, which this backend cannot serve offline and whose test labels
+    the agent could load with the network on."""
+    for dataset in datasets_mod.local_datasets(spec):
+        datasets_mod.find_local_dataset(spec, dataset, data_dir)
+    hub = datasets_mod.hub_datasets(spec)
+    if hub:
+        raise TaskFilesMissing(
+            f"task {spec.id!r} loads the Hugging Face dataset(s) {', '.join(map(repr, hub))} by name, which the local "
+            "backend does not serve: it has no network by default, and with it the agent could load the test split's "
+            "labels it is scored on. Run this task on the mlgym backend (MLGym's containers), or give it a local copy "
+            "without the test labels (a dataset with is_local: true and the answers in secret_files)"
+        )
+
+
+def _interpreter(python: str | None, spec: TaskSpec) -> str:
+    """The absolute path of the ``python=`` option's interpreter (a path or a command name on ``PATH``); without one,
+    the task's (``task_python``: this process's when it has the task's packages, else the environment
+    ``mlgym-registry prepare`` made; ``MissingTaskPackages`` when there is none)."""
     if python is None:
-        return sys.executable
+        return task_python(spec)
     found = shutil.which(python)
     if found is None:
         raise ValueError(

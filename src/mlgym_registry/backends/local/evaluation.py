@@ -188,6 +188,9 @@ class Evaluator:
     agent_modules: frozenset[str] = frozenset()
     """Top-level module names the task gives the agent (its starter code): a failed import of one of them is the
     agent's doing (it removed the module), of any other name a missing package."""
+    agent_code_in_process: bool = False
+    """The evaluator imports the agent's modules itself (a task that declares ``agent_code_in_evaluator``, run with
+    ``trust_agent_code``): no agent process, and nothing the evaluation prints can be trusted."""
 
     @property
     def shown_workspace(self) -> str:
@@ -302,7 +305,7 @@ class Evaluator:
 
     def _failure_status(self, ended: dict | None) -> str:
         """Whose failure an evaluation that printed no metrics was."""
-        if self.entrypoint == "ModelSubmissionTasks":
+        if self.agent_code_in_process:
             return AGENT_ERROR  # the agent's code ran in the evaluator's own process: nothing it reports is trusted
         how = (ended or {}).get("status")
         if how is None:
@@ -355,7 +358,7 @@ class Evaluator:
         agent_env = {**self.env, "PYTHONDONTWRITEBYTECODE": "1"}
         env = {**agent_env, **self.extra_env}  # the evaluator's own: what it holds never reaches the agent's code
         seed_option = ["--seed", str(self.agent_seed)] if self.agent_seed is not None else []
-        isolate = self.entrypoint != "ModelSubmissionTasks"  # model tasks load the agent's network code in-process
+        isolate = not self.agent_code_in_process
         fds: tuple[int, ...] = ()
         if isolate:
             # the channel (see harness.Link): a sealed shared memory region, and a doorbell pipe into each process

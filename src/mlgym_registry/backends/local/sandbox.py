@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,8 @@ class SandboxSpec:
     tmp_size_mb: int = 512
     home_size_mb: int = 512
     shm_size_mb: int = 64  # Docker's default /dev/shm, which MLGym's container has
+    devices: list[str] = field(default_factory=list)
+    """Host device nodes (or folders of them) shown at the same path, usable: GPUs, see ``gpu_devices``."""
 
 
 @functools.cache
@@ -109,6 +112,33 @@ def python_roots(python: str) -> list[str]:
     return outermost(r for r in roots if not _under(r, SYSTEM_DIRS))
 
 
+GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUDA_HOME")
+"""The driver's variables a sandbox with GPUs keeps: which devices to use, and where CUDA is."""
+GPU_LIBRARY = re.compile(r"lib(cuda|nvidia-[\w.-]+|nvcuvid|nvoptix)\.so")
+
+
+def gpu_devices() -> list[str]:
+    """The host's NVIDIA device nodes (``/dev/nvidia0``, ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ...; the
+    ``/dev/nvidia-caps`` folder); [] on a host without NVIDIA GPUs."""
+    return sorted(str(path) for path in Path("/dev").glob("nvidia*"))
+
+
+def gpu_library_folders() -> list[str]:
+    """The folders of the NVIDIA driver's user-space libraries (``libcuda.so``, ``libnvidia-*.so``) that lie
+    outside the system folders the sandbox always shows (``/usr``, ``/lib*``): e.g. a container runtime's
+    ``/usr/local/nvidia`` is shown already, a driver in ``/opt`` or ``/run`` is not."""
+    try:
+        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    folders = []
+    for line in listing.splitlines():
+        _, _, path = line.rpartition(" => ")
+        if path and GPU_LIBRARY.search(os.path.basename(path)):
+            folders.append(os.path.dirname(os.path.realpath(path)))
+    return outermost(f for f in folders if not _under(f, SYSTEM_DIRS))
+
+
 def command(argv: Sequence[str], spec: SandboxSpec) -> list[str]:
     """The ``bwrap`` command line that runs ``argv`` inside the sandbox described by ``spec``."""
     bwrap = bwrap_executable()
@@ -130,6 +160,8 @@ def command(argv: Sequence[str], spec: SandboxSpec) -> list[str]:
             args += ["--ro-bind", path, path]
     args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
     args += ["--proc", "/proc", "--dev", "/dev"]
+    for device in spec.devices:  # before /dev turns read-only: each needs a mount point made in it
+        args += ["--dev-bind-try", device, device]
     # bwrap's /dev is an in-memory folder without a size cap, and /dev/shm a plain folder in it: without a memory
     # cgroup both could take the host's memory. /dev/shm gets its own capped tmpfs and the rest of /dev is read-only
     # (its device nodes are separate mounts and stay usable).

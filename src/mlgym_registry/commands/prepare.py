@@ -1,0 +1,58 @@
+"""``mlgym-registry prepare TASK [TASK ...]``: make what a task needs before it runs, once.
+
+For each task (a registered name or a task YAML file): a Python environment with the packages it declares, unless
+the interpreter running this command has them already (``mlgym_registry.environments.prepare``), then its data,
+when the task has a recipe to make it (``mlgym_registry.datasets.prepare_data``), with the task's interpreter.
+``--list`` shows the prepared environments, their requirements and the registered tasks that use them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``prepare``."""
+    parser.add_argument("tasks", metavar="TASK", nargs="*", help="a registered task name or a task YAML file")
+    parser.add_argument("--force", action="store_true",
+                        help="build the environment (and make the data) again, even when present")
+    parser.add_argument("--data-dir", metavar="DIR", help="the data folder to write a task's data to "
+                        "(default: $MLGYM_REGISTRY_DATA, else ~/.cache/mlgym-registry/data)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the prepared environments and the registered tasks that use them")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Prepare each task, then list the environments when asked."""
+    if not args.tasks and not args.list:
+        raise SystemExit("prepare needs at least one TASK (a registered name or a task YAML file), or --list")
+    for task in args.tasks:
+        prepare_task(task, force=args.force, data_dir=args.data_dir)
+    if args.list:
+        list_environments()
+    return 0
+
+
+def prepare_task(task: str, *, force: bool = False, data_dir: str | None = None) -> None:
+    """The task's environment, then its data (when it has a recipe for it)."""
+    from ..datasets import prepare_data
+    from ..environments import load_task, prepare
+
+    spec = load_task(task)
+    python = prepare(spec, force=force)
+    prepare_data(spec, str(python), data_dir, force=force)
+
+
+def list_environments() -> None:
+    """One block per prepared environment: its key and folder, its requirements, the registered tasks using it."""
+    from ..environments import environments_folder, prepared_environments, tasks_by_environment
+
+    found = prepared_environments()
+    if not found:
+        print(f"no prepared environments in {environments_folder()}")
+        return
+    users = tasks_by_environment()
+    for environment in found:
+        print(f"{environment.key}  {environment.folder}")
+        print(f"  requirements: {', '.join(environment.requirements)}")
+        print(f"  tasks: {', '.join(users.get(environment.key, [])) or '-'}")

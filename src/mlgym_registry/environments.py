@@ -1,0 +1,538 @@
+"""Per-task Python environments: the packages a task needs, and virtual environments that have them.
+
+A task declares the packages its agent's code and its evaluator import: in ``requirements`` (our field, a list of
+pip requirement strings) and, MLGym's way, in the requirements file ``requirements_path``. When the interpreter
+running this package lacks some of them, ``prepare`` (``mlgym-registry prepare TASK``) builds a virtual environment
+that has them, once, in ``environments_folder()``; every task needing the same set on the same Python version shares
+it. The local backend then runs the task's shell and evaluator with that environment's interpreter
+(``task_python``), and refuses at ``make`` a task whose packages are nowhere (``MissingTaskPackages``).
+
+pip runs with the user's own configuration (``pip.conf``, ``PIP_*`` variables): an index or a wheel folder configured
+there is used as is, so environments can be prepared offline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import InvalidTaskError, MissingTaskPackages, MLGymRegistryError, PrepareFailed
+from .specs import TaskSpec
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
+
+ENVS_ENV = "MLGYM_REGISTRY_ENVS"
+"""The variable naming the folder prepared environments live in (see ``environments_folder``)."""
+READY = "ready"
+"""The file written last into a prepared environment: one without it is unfinished and never used."""
+PIP_TAIL_LINES = 25
+"""How many of pip's last output lines a failed ``prepare`` shows."""
+
+Echo = Callable[[str], object]
+
+
+# -- what a task needs ---------------------------------------------------------------------------------------------
+def task_requirements(spec: TaskSpec) -> list[str]:
+    """The requirements ``spec`` declares, normalised (``normalise_requirement``), without duplicates.
+
+    ``spec.requirements`` comes first; then the lines of ``spec.requirements_path`` (MLGym's field, resolved against
+    the task's root) when that file exists, comments and blank lines skipped, except those naming a package that
+    ``requirements`` names already: a task file can thereby replace a line of the file (e.g. ``jax`` for
+    ``jax[cuda12]``). An invalid requirement raises ``InvalidTaskError`` naming the task.
+    """
+    own = [_parse(text, spec, "requirements") for text in (spec.requirements or [])]
+    named = {_name(text) for text in own}
+    from_file = [text for text in _file_requirements(spec) if _name(text) not in named]
+    return list(dict.fromkeys(own + from_file))
+
+
+def normalise_requirement(text: str) -> str:
+    """A requirement string in one canonical spelling (``Scikit_Learn >=1.0`` -> ``scikit-learn>=1.0``): the
+    canonical name, extras and version clauses sorted, then any URL and environment marker. ``ValueError`` when
+    ``text`` is not a requirement."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        requirement = Requirement(text.strip())
+    except InvalidRequirement as exc:
+        raise ValueError(f"{text!r} is not a pip requirement: {exc}") from None
+    extras = sorted(canonicalize_name(extra) for extra in requirement.extras)
+    out = canonicalize_name(requirement.name) + (f"[{','.join(extras)}]" if extras else "")
+    out += ",".join(sorted(str(clause) for clause in requirement.specifier))
+    if requirement.url:
+        out += f" @ {requirement.url}"
+    if requirement.marker is not None:
+        out += f"{' ' if requirement.url else ''}; {requirement.marker}"
+    return out
+
+
+def _parse(text: str, spec: TaskSpec, where: str) -> str:
+    try:
+        return normalise_requirement(str(text))
+    except ValueError as exc:
+        raise InvalidTaskError(f"task {spec.id!r}: {where}: {exc}") from None
+
+
+def _name(requirement: str) -> str:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(Requirement(requirement).name)
+
+
+def _file_requirements(spec: TaskSpec) -> list[str]:
+    if not spec.requirements_path:
+        return []
+    path = spec.resolve_path(spec.requirements_path)
+    if not path.is_file():
+        return []
+    found = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-"):
+            raise InvalidTaskError(
+                f"task {spec.id!r}: {str(path)!r} holds the pip option {line!r}; only requirement lines are "
+                "supported (configure indexes in pip's own configuration)"
+            )
+        found.append(_parse(line, spec, str(path)))
+    return found
+
+
+# -- where environments live ---------------------------------------------------------------------------------------
+def environments_folder() -> Path:
+    """The folder of the prepared environments: ``$MLGYM_REGISTRY_ENVS``, else ``$XDG_CACHE_HOME/mlgym-registry/envs``,
+    else ``~/.cache/mlgym-registry/envs``."""
+    explicit = os.environ.get(ENVS_ENV, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "mlgym-registry" / "envs"
+
+
+def environment_key(requirements: Iterable[str]) -> str:
+    """The name of the environment for ``requirements``: this interpreter's Python ``major.minor`` (environments are
+    made from it) and a hash of the sorted normalised requirements, e.g. ``py3.11-0123456789ab``."""
+    lines = sorted({normalise_requirement(text) for text in requirements})
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
+    return f"py{sys.version_info.major}.{sys.version_info.minor}-{digest}"
+
+
+def prepared_python(spec_or_requirements: TaskSpec | Iterable[str]) -> Path | None:
+    """The interpreter of the ready prepared environment for a task (or a list of requirements); None when there is
+    none (not prepared, or its preparation never finished)."""
+    requirements = _requirements_of(spec_or_requirements)
+    return _ready_python(environments_folder() / environment_key(requirements))
+
+
+def _ready_python(entry: Path) -> Path | None:
+    folder = entry.resolve()
+    python = folder / "bin" / "python"
+    if (folder / READY).is_file() and python.exists():
+        return python
+    return None
+
+
+def _requirements_of(spec_or_requirements: TaskSpec | Iterable[str]) -> list[str]:
+    if isinstance(spec_or_requirements, TaskSpec):
+        return task_requirements(spec_or_requirements)
+    if isinstance(spec_or_requirements, str):
+        raise TypeError("pass a TaskSpec or a list of requirement strings, not one string")
+    return [normalise_requirement(text) for text in spec_or_requirements]
+
+
+# -- which packages an interpreter has -----------------------------------------------------------------------------
+def missing_requirements(requirements: Iterable[str], python: str | os.PathLike[str] | None = None) -> list[str]:
+    """The requirements that ``python`` (default: this interpreter) does not satisfy, in their given order.
+
+    A requirement is satisfied when its distribution is installed in a version its specifier allows (pre-releases
+    count). Environment markers are evaluated for that interpreter (a requirement whose marker is false is never
+    missing); extras are ignored. This interpreter is checked in-process; another one runs once with a small script
+    (isolated mode, as the sandbox runs it: no ``PYTHONPATH``, no user site).
+    """
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    requirements = list(requirements)
+    parsed = [Requirement(text) for text in requirements]
+    names = sorted({canonicalize_name(req.name) for req in parsed})
+    versions, environment = _inspect(names, python)
+    missing = []
+    for text, requirement in zip(requirements, parsed, strict=True):
+        if requirement.marker is not None and not requirement.marker.evaluate({**environment, "extra": ""}):
+            continue
+        if not _satisfies(versions.get(canonicalize_name(requirement.name)), requirement):
+            missing.append(text)
+    return missing
+
+
+def _satisfies(version: str | None, requirement: Requirement) -> bool:
+    from packaging.version import InvalidVersion
+
+    if version is None:
+        return False
+    if not requirement.specifier:
+        return True
+    try:
+        return requirement.specifier.contains(version, prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+_PROBE = r"""
+import importlib.metadata, json, os, platform, sys
+versions = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+v = sys.implementation.version
+full = f"{v.major}.{v.minor}.{v.micro}" + ("" if v.releaselevel == "final" else v.releaselevel[0] + str(v.serial))
+print(json.dumps({"versions": versions, "environment": {
+    "implementation_name": sys.implementation.name, "implementation_version": full, "os_name": os.name,
+    "platform_machine": platform.machine(), "platform_release": platform.release(),
+    "platform_system": platform.system(), "platform_version": platform.version(),
+    "python_full_version": platform.python_version(),
+    "platform_python_implementation": platform.python_implementation(),
+    "python_version": ".".join(platform.python_version_tuple()[:2]), "sys_platform": sys.platform}}))
+"""
+"""Run by another interpreter: the installed versions of the distributions named in ``argv[1]`` (a JSON list) and
+its marker environment (the keys of ``packaging.markers.default_environment``), without needing ``packaging``."""
+
+
+def _isolated_path() -> list[str]:
+    """This interpreter's ``sys.path`` as the sandbox runs it (``-I``): without ``PYTHONPATH``, the user site or
+    the current folder, which the driver may see and the sandbox does not."""
+    import site
+
+    left_out = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    if site.ENABLE_USER_SITE:
+        left_out.add(os.path.abspath(site.getusersitepackages()))
+    return [p for p in sys.path if p and os.path.abspath(p) not in left_out and os.path.abspath(p) != os.getcwd()]
+
+
+def _inspect(names: list[str], python: str | os.PathLike[str] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """The installed versions of ``names`` and the marker environment of ``python`` (None: this interpreter)."""
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
+        from packaging.markers import default_environment
+
+        path = _isolated_path()
+        versions = {}
+        for name in names:
+            found = next(iter(metadata.distributions(name=name, path=path)), None)
+            if found is not None:
+                versions[name] = found.version
+        return versions, dict(default_environment())
+    try:
+        done = subprocess.run([os.fspath(python), "-I", "-c", _PROBE, json.dumps(names)], capture_output=True,
+                              text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise MLGymRegistryError(f"cannot ask {os.fspath(python)!r} which packages it has: {exc}") from None
+    if done.returncode != 0:
+        raise MLGymRegistryError(
+            f"cannot ask {os.fspath(python)!r} which packages it has (exit {done.returncode}): "
+            f"{done.stderr.strip()[-500:]}"
+        )
+    report = json.loads(done.stdout)
+    return report["versions"], report["environment"]
+
+
+# -- the interpreter a task runs with ------------------------------------------------------------------------------
+def task_python(spec: TaskSpec) -> str:
+    """The interpreter a task runs with when the user names none: this one (``sys.executable``) when it has every
+    package the task declares (also when it declares none), else the task's prepared environment's. Raises
+    ``MissingTaskPackages`` (naming the task, the packages and ``mlgym-registry prepare TASK``) when neither will do.
+    """
+    requirements = task_requirements(spec)
+    missing = missing_requirements(requirements) if requirements else []
+    if not missing:
+        return sys.executable
+    prepared = prepared_python(requirements)
+    if prepared is not None:
+        return str(prepared)
+    raise MissingTaskPackages(task_label(spec), missing, sys.executable, prepare_command(spec))
+
+
+def task_label(spec: TaskSpec) -> str:
+    """How a user names ``spec`` to ``prepare``: the registered name standing for the same requirements (its id, or
+    MLGym's ``mlgym/<id>``), else the task file it was loaded from, else its id."""
+    target = _prepare_target(spec)
+    return target if target is not None else spec.id
+
+
+def prepare_command(spec: TaskSpec) -> str:
+    """The command (and the Python call) that prepares ``spec``'s environment, as an error message shows them."""
+    target = _prepare_target(spec)
+    if target is None:
+        return "`mlgym_registry.prepare(spec)` in Python, with this task's TaskSpec"
+    return f"`mlgym-registry prepare {shlex.quote(target)}` (in Python: `mlgym_registry.prepare({target!r})`)"
+
+
+def _prepare_target(spec: TaskSpec) -> str | None:
+    from .registry import registry
+
+    try:
+        names = set(registry.names("task"))
+    except MLGymRegistryError:
+        names = set()
+    wanted = task_requirements(spec)
+    for candidate in dict.fromkeys([spec.id, spec.gym_id]):
+        if candidate in names:
+            try:
+                if task_requirements(registry.spec(candidate)) == wanted:
+                    return candidate
+            except Exception:  # noqa: BLE001 - a task that fails to load is simply not this one
+                continue
+    if spec.source and Path(spec.source).is_file():
+        return spec.source
+    return None
+
+
+def load_task(task: TaskSpec | str | os.PathLike[str]) -> TaskSpec:
+    """``task`` as a ``TaskSpec``: a spec as is, a task YAML file loaded, else a registered task name looked up."""
+    if isinstance(task, TaskSpec):
+        return task
+    if isinstance(task, os.PathLike) or str(task).endswith((".yaml", ".yml")):
+        from .specs import load_task_yaml
+
+        return load_task_yaml(task)
+    from .registry import registry
+
+    return registry.spec(str(task))
+
+
+# -- preparing an environment --------------------------------------------------------------------------------------
+def prepare(task: TaskSpec | str | os.PathLike[str], *, force: bool = False, pip_args: Sequence[str] = (),
+            echo: Echo = print) -> Path:
+    """Make sure the packages ``task`` (a registered name, a task YAML file or a ``TaskSpec``) declares are at hand,
+    and return the interpreter that has them.
+
+    When the task declares none, or this interpreter already satisfies them, nothing is built (also with ``force``:
+    ``task_python`` would not use it) and ``sys.executable`` is returned. Otherwise a ready environment for the same
+    requirements is reused, or one is built: ``python -m venv`` from this interpreter and ``pip install`` of the
+    requirements (with the user's pip configuration; ``pip_args`` are added to pip's command line), in a new folder
+    of ``environments_folder()`` that ``<key>`` (a symbolic link, switched atomically) points at only once complete;
+    ``requirements.txt``, ``freeze.txt`` (pip freeze) and the ``ready`` marker are written last. A file lock keeps
+    two prepares of the same set from both building. ``force=True`` rebuilds a ready environment (the old one is
+    deleted: do not force while an env runs with it). A failure raises ``PrepareFailed`` with pip's last lines and
+    leaves nothing behind.
+
+    ``torch`` is installed in the version this interpreter has (``torch==<version without local tag>``) when that
+    version satisfies the requirement, so that pip reuses what the configured index or wheel folder offers for it
+    (e.g. a CPU build) instead of downloading another multi-GB build.
+    """
+    spec = load_task(task)
+    label = task_label(spec)
+    requirements = task_requirements(spec)
+    if not requirements:
+        echo(f"{label}: declares no packages; it runs with {sys.executable}")
+        return Path(sys.executable)
+    if not missing_requirements(requirements):
+        echo(f"{label}: {sys.executable} has every package it needs ({', '.join(requirements)}); nothing to prepare")
+        return Path(sys.executable)
+    ready = prepared_python(requirements)
+    if ready is not None and not force:
+        echo(f"{label}: environment ready at {ready.parent.parent}")
+        return ready
+    return _build(requirements, label=label, force=force, pip_args=pip_args, echo=echo)
+
+
+def _build(requirements: list[str], *, label: str, force: bool, pip_args: Sequence[str], echo: Echo) -> Path:
+    root = environments_folder()
+    root.mkdir(parents=True, exist_ok=True)
+    key = environment_key(requirements)
+    entry = root / key
+    with _locked(root / f"{key}.lock", echo, label):
+        ready = _ready_python(entry)
+        if ready is not None and not force:  # a concurrent prepare built it while we waited
+            echo(f"{label}: environment ready at {ready.parent.parent}")
+            return ready
+        _remove_leftovers(root, key)
+        building = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=root))
+        try:
+            building.chmod(0o755)  # mkdtemp's 0700 is not what a venv folder has
+            echo(f"{label}: building an environment with {', '.join(requirements)} in {building} ...")
+            python = _make_venv(building)
+            _pip_install(python, _install_list(requirements), pip_args, echo)
+            _write_records(building, python, requirements)
+            _publish(entry, building)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+    ready = _ready_python(entry)
+    assert ready is not None  # just published, under the lock
+    echo(f"{label}: environment ready at {ready.parent.parent}")
+    return ready
+
+
+@contextlib.contextmanager
+def _locked(path: Path, echo: Echo, label: str) -> Iterator[None]:
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            echo(f"{label}: waiting for another prepare of the same environment ...")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_leftovers(root: Path, key: str) -> None:
+    """Folders of builds that died (a crash, a kill) and link files of switches that did not finish: under the lock,
+    nothing else can be building this key."""
+    current = (root / key).resolve() if (root / key).is_symlink() else None
+    for path in root.glob(f"{key}.*"):
+        if path.is_symlink():
+            path.unlink(missing_ok=True)
+        elif path.is_dir() and path != current:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _clean_environment() -> dict[str, str]:
+    """The variables for venv and pip: the user's (pip's configuration included), without what would make the new
+    environment's interpreter see another installation's packages."""
+    dropped = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONUSERBASE")
+    return {key: value for key, value in os.environ.items() if key not in dropped}
+
+
+def _make_venv(folder: Path) -> Path:
+    done = subprocess.run([sys.executable, "-m", "venv", str(folder)], capture_output=True, text=True,
+                          env=_clean_environment(), check=False)
+    python = folder / "bin" / "python"
+    if done.returncode != 0 or not python.exists():
+        raise PrepareFailed(f"`{sys.executable} -m venv {folder}` failed (exit {done.returncode}):\n"
+                            f"{_tail(done.stdout + done.stderr)}")
+    return python
+
+
+def _install_list(requirements: list[str]) -> list[str]:
+    """The requirements as pip installs them: ``torch`` pinned to this interpreter's version when that satisfies it."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    try:
+        torch_version = Version(metadata.version("torch"))
+    except (metadata.PackageNotFoundError, ValueError):
+        return list(requirements)
+    pinned = []
+    for text in requirements:
+        requirement = Requirement(text)
+        if _name(text) == "torch" and not requirement.url and requirement.specifier.contains(torch_version, True):
+            requirement.specifier = type(requirement.specifier)(f"=={torch_version.public}")
+            text = str(requirement)
+        pinned.append(text)
+    return pinned
+
+
+def _pip_install(python: Path, requirements: list[str], pip_args: Sequence[str], echo: Echo) -> None:
+    command = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off",
+               *pip_args, *requirements]
+    tail: deque[str] = deque(maxlen=PIP_TAIL_LINES)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=_clean_environment()) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            tail.append(line.rstrip())
+            if line.startswith(("Collecting", "Successfully", "ERROR")):
+                echo(f"  {line.rstrip()}")
+    if process.returncode != 0:
+        raise PrepareFailed(
+            f"pip could not install {', '.join(requirements)} (exit {process.returncode}); its last lines:\n"
+            + "\n".join(tail) + "\nCheck the names and versions, and that pip's configured index or wheel folder "
+            "(pip config list) offers them."
+        )
+
+
+def _write_records(folder: Path, python: Path, requirements: list[str]) -> None:
+    frozen = subprocess.run([str(python), "-m", "pip", "freeze", "--disable-pip-version-check"],
+                            capture_output=True, text=True, env=_clean_environment(), check=False)
+    (folder / "requirements.txt").write_text("".join(f"{text}\n" for text in requirements))
+    (folder / "freeze.txt").write_text(frozen.stdout)
+    record = {"python": sys.version.split()[0], "made_from": sys.executable, "requirements": requirements,
+              "installed": _install_list(requirements), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (folder / READY).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _publish(entry: Path, folder: Path) -> None:
+    """Point ``entry`` at ``folder`` atomically (a new link renamed over the old one), then delete the old one.
+
+    The environment is not renamed: its scripts (``pip``, ``torchrun``) name its interpreter by its folder's path."""
+    link = entry.with_name(f"{entry.name}.link-{os.getpid()}")
+    link.unlink(missing_ok=True)
+    os.symlink(folder.name, link)
+    old = entry.resolve() if entry.is_symlink() else None
+    if entry.exists() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    os.replace(link, entry)
+    if old is not None and old != folder.resolve():
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.strip().splitlines()[-PIP_TAIL_LINES:])
+
+
+# -- listing -------------------------------------------------------------------------------------------------------
+@dataclass
+class PreparedEnvironment:
+    """A ready prepared environment: its key, its folder, its interpreter and the requirements it was made for."""
+
+    key: str
+    folder: Path
+    python: Path
+    requirements: list[str]
+
+
+def prepared_environments() -> list[PreparedEnvironment]:
+    """The ready environments in ``environments_folder()``, sorted by key."""
+    root = environments_folder()
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in sorted(root.iterdir()):
+        if not entry.is_symlink():
+            continue
+        python = _ready_python(entry)
+        if python is None:
+            continue
+        folder = python.parent.parent
+        listed = (folder / "requirements.txt").read_text().splitlines()
+        found.append(PreparedEnvironment(entry.name, folder, python, [line for line in listed if line.strip()]))
+    return found
+
+
+def tasks_by_environment(names: Iterable[str] | None = None) -> dict[str, list[str]]:
+    """Registered task names (all, or ``names``) grouped by the key of the environment their requirements call for;
+    tasks that declare none, or fail to load, are left out."""
+    from .registry import registry
+
+    grouped: dict[str, list[str]] = {}
+    for name in registry.names("task") if names is None else names:
+        try:
+            requirements = task_requirements(registry.spec(name))
+        except Exception:  # noqa: BLE001 - listing must not stop at one broken task
+            continue
+        if requirements:
+            grouped.setdefault(environment_key(requirements), []).append(name)
+    return grouped
