@@ -201,3 +201,36 @@ def test_the_real_kaggle_task_has_a_recipe_and_hides_its_answers():
     spec = fresh().spec("mlgym/regressionKaggleHousePrice")
     assert spec.extra["prepare_data"]["output"] == "data/regressionKaggleHousePrice/data"
     assert "data/answer.csv" in spec.secret_files
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("MLGYM_ROOT") or not Path(os.environ.get("MLGYM_ROOT", ""),
+                    "data/regressionKaggleHousePrice/_helpers/train.csv").is_file(),
+                    reason="needs MLGYM_ROOT at an MLGym checkout with the Kaggle house-price helper data")
+def test_the_real_ml_tasks_prepared_reproduce_or_explain_their_published_baselines(tmp_path, monkeypatch):
+    from mlgym_registry import MissingTaskPackages, prepare
+
+    monkeypatch.setenv("MLGYM_REGISTRY_ENVS", str(tmp_path / "envs"))
+    monkeypatch.setenv(DATA_ENV, str(tmp_path / "data"))
+    reg = fresh()
+    with pytest.raises(MissingTaskPackages, match="mlgym-registry prepare mlgym/regressionKaggleHousePrice"):
+        reg.make("mlgym/regressionKaggleHousePrice")
+    python = prepare("mlgym/regressionKaggleHousePrice", echo=lambda line: None)
+    assert python == prepare("mlgym/titanicSurvival", echo=lambda line: None)  # one environment for the same set
+    kaggle = reg.spec("mlgym/regressionKaggleHousePrice")
+    assert (tmp_path / "data/data/regressionKaggleHousePrice/data/answer.csv").is_file()
+    report = check_task(kaggle, runs=1, raise_on_failure=False)
+    assert report.ok and not report.known_differences, report.problems
+    assert run_evaluator(kaggle, seed=0) == {"rmse": pytest.approx(30340.111853413255, rel=1e-9),
+                                             "r2": pytest.approx(0.8799891474739243, rel=1e-9)}
+    titanic = check_task(reg.spec("mlgym/titanicSurvival"), runs=1, raise_on_failure=False)
+    assert titanic.ok and "Kaggle's example submission" in titanic.known_differences[0]
+    backend = LocalBackend(kaggle, seed=0)
+    try:
+        backend.reset()
+        backend.install_tools()
+        assert "answer" not in backend.communicate("ls data; find / -name 'answer*' 2>/dev/null | head")
+        assert "SalePrice" not in backend.communicate(f"cat {tmp_path}/data/data/regressionKaggleHousePrice/data/"
+                                                      "answer.csv 2>&1")
+    finally:
+        backend.close()

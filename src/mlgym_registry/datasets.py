@@ -25,6 +25,9 @@ from .errors import TaskFilesMissing
 from .specs import TaskSpec
 
 DATA_ENV = "MLGYM_REGISTRY_DATA"
+PREPARE_KEY = "prepare_data"
+"""A task's ``extra`` entry saying how to make its data: ``{"script": ..., "output": ...}``, both relative to the
+task's root: ``python <script>`` run in a scratch copy of the script's folder makes the folder ``output``."""
 
 
 def default_data_folder() -> Path:
@@ -69,25 +72,21 @@ def dataset_candidates(spec: TaskSpec, dataset: dict[str, Any], data_dir: str | 
 def find_local_dataset(spec: TaskSpec, dataset: dict[str, Any], data_dir: str | None = None) -> Path:
     """The folder (or file) of a local dataset: the first candidate that exists, else ``TaskFilesMissing`` naming
     where to put it and, when the task can make its data, the command that does."""
+    from .environments import prepare_command
+
     places = dataset_candidates(spec, dataset, data_dir)
     for place in places:
         if place.exists():
             return place
     name = dataset.get("name", "")
     shown = "\n".join(f"  {place}" for place in places)
-    hint = (f" `mlgym-registry prepare {task_name(spec)}` makes it." if spec.extra.get(PREPARE_KEY) else
+    hint = (f" {prepare_command(spec)} makes it." if spec.extra.get(PREPARE_KEY) else
             f" Put the files in a data folder at the same relative path (pass data_dir=... to the backend or set "
             f"{DATA_ENV}).")
     raise TaskFilesMissing(
         f"task {spec.id!r}: the files of its local dataset {name!r} are not here; looked in:\n{shown}\n"
         f"The task file's repository does not ship them.{hint}"
     )
-
-
-def task_name(spec: TaskSpec) -> str:
-    """The name ``spec`` was asked for by (``mlgym/<id>`` for a namespaced task; see ``Registry.spec``), for commands
-    to print; its id when it did not come from the registry."""
-    return spec.registered_as or spec.id
 
 
 def local_datasets(spec: TaskSpec) -> list[dict[str, Any]]:
@@ -100,10 +99,6 @@ def hub_datasets(spec: TaskSpec) -> list[str]:
     return [str(d.get("data_path") or d.get("name")) for d in spec.datasets
             if isinstance(d, dict) and not d.get("is_local")]
 
-
-PREPARE_KEY = "prepare_data"
-"""A task's ``extra`` entry saying how to make its data: ``{"script": ..., "output": ...}``, both relative to the
-task's root: ``python <script>`` run in a scratch copy of the script's folder makes the folder ``output``."""
 
 
 def data_recipe(spec: TaskSpec) -> dict[str, str] | None:

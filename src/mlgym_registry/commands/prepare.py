@@ -1,8 +1,8 @@
 """``mlgym-registry prepare TASK [TASK ...]``: make what a task needs before it runs, once.
 
-For each task (a registered name or a task YAML file): a Python environment with the packages it declares, unless
-the interpreter running this command has them already (``mlgym_registry.environments.prepare``), then its data,
-when the task has a recipe to make it (``mlgym_registry.datasets.prepare_data``), with the task's interpreter.
+For each task (a registered name or a task YAML file): ``mlgym_registry.prepare``, that is a Python environment with
+the packages it declares (unless the interpreter running this command has them already), then its data when the task
+has a recipe to make it, with the task's interpreter.
 ``--list`` shows the prepared environments, their requirements and the registered tasks that use them.
 """
 
@@ -35,12 +35,9 @@ def main(args: argparse.Namespace) -> int:
 
 def prepare_task(task: str, *, force: bool = False, data_dir: str | None = None) -> None:
     """The task's environment, then its data (when it has a recipe for it)."""
-    from ..datasets import prepare_data
-    from ..environments import load_task, prepare
+    from ..environments import prepare
 
-    spec = load_task(task)
-    python = prepare(spec, force=force)
-    prepare_data(spec, str(python), data_dir, force=force)
+    prepare(task, force=force, data_dir=data_dir)
 
 
 def list_environments() -> None:

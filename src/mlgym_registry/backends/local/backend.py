@@ -394,8 +394,8 @@ class LocalBackend:
         in-process untrusted, its data is missing or unservable, or the packages it needs are nowhere
         (``MissingTaskPackages``)."""
         _refuse_untrusted_evaluator(spec, trust_agent_code)
+        _interpreter(python, spec)  # before the data: `prepare` makes both, and a missing package says so first
         _refuse_unservable_datasets(spec, data_dir)
-        _interpreter(python, spec)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
