@@ -47,3 +47,38 @@ def test_plugins_lists_the_built_ins_with_their_hooks():
     result = run_cli("plugins")
     assert result.returncode == 0
     assert "mlgym_registry.components.plugin  [mlgym-registry]  register_parsers, register_templates" in result.stdout
+
+
+def test_info_without_kind_finds_the_component_the_name_means():
+    result = run_cli("info", "thought_action", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["kind"] == "parser"
+
+
+def test_version_and_a_plain_help_listing_every_command():
+    from mlgym_registry import __version__
+
+    version = run_cli("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"mlgym-registry {__version__}"
+    help_text = run_cli("--help").stdout
+    for command in ("list", "info", "plugins", "run", "replay", "check", "report", "bench", "prepare"):
+        assert f"\n    {command} " in help_text, command
+    assert "{" not in help_text and "``" not in help_text
+
+
+def test_run_and_info_take_a_task_file_and_write_files_readable_as_the_umask_says(tmp_path):
+    from pathlib import Path
+
+    import mlgym_registry
+
+    task_file = Path(mlgym_registry.__file__).parent / "tasks" / "prisonersDilemma.yaml"
+    info = run_cli("info", str(task_file), "--json")
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["task"]["id"] == "prisonersDilemma"
+    out = tmp_path / "run"
+    result = run_cli("run", str(task_file), "--policy", "scripted", "--max-steps", "2", "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stderr
+    from mlgym_registry.trajectories import current_umask
+
+    for name in ("prisonersDilemma.traj", "results.json"):  # the command inherits this process's umask
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~current_umask()

@@ -58,14 +58,30 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Print a task's resolved spec and its components (or one component with ``--kind``)."""
-    if args.kind and args.kind != "task":
-        print(_dump(registry.entry(args.kind, args.name).info().to_dict(), args.json))
+    kind = args.kind or _component_kind(args.name)
+    if kind != "task":
+        print(_dump(registry.entry(kind, args.name).info().to_dict(), args.json))
         return 0
     spec = registry.spec(args.name)
-    registration = registry.entry("task", args.name).info().to_dict()  # the task's own distribution and plugin
+    if args.name in registry.names("task"):
+        registration = registry.entry("task", args.name).info().to_dict()  # the task's own distribution and plugin
+    else:  # a task YAML file given by its path
+        registration = {"name": args.name, "kind": "task", "source": spec.source or args.name}
     components = {kind: registry.entry(kind, getattr(spec, kind)).info().to_dict() for kind in spec.components}
     print(_dump({"task": spec.to_dict(), "registration": registration, "components": components}, args.json))
     return 0
+
+
+def _component_kind(name: str) -> str:
+    """The kind ``info NAME`` shows without ``--kind``: a task when NAME is one (or a task file), else the one kind of
+    component registered under NAME; several kinds are a usage error naming the ``--kind`` to pick."""
+    if name in registry.names("task") or name.endswith((".yaml", ".yml")):
+        return "task"
+    kinds = [kind for kind in KINDS if kind != "task" and name in registry.names(kind)]
+    if len(kinds) > 1:
+        raise MLGymRegistryError(f"{name!r} is a {' and a '.join(kinds)}; pick one with "
+                                 + " or ".join(f"`info {name} --kind {kind}`" for kind in kinds))
+    return kinds[0] if kinds else "task"  # unknown: the task lookup's error has the did-you-mean
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -142,10 +158,28 @@ def _load_plugins_and_warn() -> None:
         print(f"mlgym-registry: warning: {printable(' '.join(line.split()))}", file=sys.stderr)
 
 
+def _version() -> str:
+    """The installed distribution's version (the package's own when it is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("mlgym-registry")
+    except metadata.PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser of ``mlgym-registry`` (``command``: the extra command whose module to import)."""
-    parser = argparse.ArgumentParser(prog="mlgym-registry", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="mlgym-registry",
+        description="Turn task names into ready-to-train environments for LLM agents: list and inspect tasks and "
+                    "components, prepare, check, run, replay, bench and report.",
+        epilog="Run `mlgym-registry COMMAND --help` for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"mlgym-registry {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     p = sub.add_parser("list", help="list registered tasks and components")
     p.add_argument("--kind", choices=KINDS, help="only this kind")

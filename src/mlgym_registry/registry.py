@@ -356,15 +356,20 @@ class Registry:
                 entry.loaded, entry.is_loaded = target, True
         return entry.loaded
 
-    def spec(self, name: str | TaskSpec | dict[str, Any]) -> TaskSpec:
+    def spec(self, name: str | Path | TaskSpec | dict[str, Any]) -> TaskSpec:
         """The ``TaskSpec`` of a task, with lazy references to its components filled in ``components``.
 
-        ``name`` may also be a ``TaskSpec`` or its ``to_dict()``: that is how a worker rebuilds an env from a spec.
+        ``name`` may also be a ``TaskSpec`` or its ``to_dict()`` (that is how a worker rebuilds an env from a spec),
+        or the path of a task YAML file that is not a registered name (``check``, ``run``, ``info`` and ``bench``
+        take one).
         """
         if isinstance(name, TaskSpec):
             spec = copy.deepcopy(name)
         elif isinstance(name, dict):
             spec = TaskSpec.from_dict(name)
+        elif is_task_file(name) and str(name) not in self._entries["task"] and Path(name).is_file():
+            spec = load_task_yaml(name)
+            spec.registered_as = str(name)
         else:
             spec = self.get("task", name)
             spec.registered_as = name

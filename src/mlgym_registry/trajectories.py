@@ -246,11 +246,27 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def current_umask() -> int:
+    """This process's umask, read without changing it where the system says it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: the only portable way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file in the same folder and an atomic rename."""
+    """Write ``data`` as JSON to ``path`` through a temporary file in the same folder and an atomic rename; the file
+    gets the mode the user's umask gives new files (``mkstemp`` alone would leave it readable by its owner only)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle, indent=2)
             handle.flush()

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``run``."""
-    parser.add_argument("task", help="a registered task name (see `mlgym-registry list --kind task`)")
+    parser.add_argument("task", help="a registered task name (see `mlgym-registry list --kind task`) or a task YAML file")
     parser.add_argument("--policy", default="scripted",
                         help="scripted (default), replay:PATH.traj, human, transformers:MODEL_DIR, or openai:MODEL "
                         "(a model behind an OpenAI-compatible endpoint; see the openai policy's options)")
