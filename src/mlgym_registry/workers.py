@@ -16,8 +16,13 @@ its own, and the two run side by side.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import multiprocessing
 import os
+import queue
+import signal
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -131,3 +136,117 @@ class WithParentEnviron:
 
     def __repr__(self) -> str:
         return f"WithParentEnviron({self.factory!r})"
+
+
+Report = Callable[..., None]
+"""``report(*event)``: what a job running in a ``WorkerPool`` worker sends the pool's owner while it runs."""
+
+STOP_GRACE = 15.0
+"""Seconds ``WorkerPool.close`` gives interrupted workers to record what they were doing before they are killed."""
+
+
+class WorkerPool:
+    """``size`` worker processes started once, warm (as ``warm_workers`` starts them), each running
+    ``target(job, report)`` for one job after another until the pool is closed.
+
+    The owner gives a job to an idle worker (``give``) and reads what the workers send (``receive``): ``(slot,
+    "event", event)`` for each ``report(*event)`` a job makes, then ``(slot, "done", returned)`` or ``(slot, "error",
+    text)`` when it ends. A worker that dies is found by ``dead()`` and replaced by ``restart``. ``target`` must be
+    picklable (a module-level function): workers are forked from the fork server or spawned.
+    """
+
+    def __init__(self, size: int, target: Callable[[Any, Report], Any]):
+        method = worker_start_method()
+        if method == "forkserver":
+            start_worker_server()
+        self.context = multiprocessing.get_context(method)
+        self.target = target
+        self.events = self.context.Queue()
+        self.inboxes: list[Any] = []
+        self.processes: list[Any] = []
+        for slot in range(size):
+            self.inboxes.append(None)
+            self.processes.append(None)
+            self.restart(slot)
+
+    @property
+    def pids(self) -> list[int | None]:
+        """Each slot's worker process id."""
+        return [process.pid for process in self.processes]
+
+    def restart(self, slot: int) -> None:
+        """Start the worker of ``slot`` (again: a new process with a new inbox)."""
+        inbox = self.context.Queue()
+        serve = WithParentEnviron(functools.partial(_serve, slot, inbox, self.events, self.target))
+        process = self.context.Process(target=serve, name=f"mlgym-registry-worker-{slot}", daemon=True)
+        process.start()
+        self.inboxes[slot], self.processes[slot] = inbox, process
+
+    def give(self, slot: int, job: Any) -> None:
+        """Hand ``job`` to the (idle) worker of ``slot``."""
+        self.inboxes[slot].put(job)
+
+    def receive(self, timeout: float) -> tuple[int, str, Any] | None:
+        """The next message of any worker, or None when none came within ``timeout`` seconds."""
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def dead(self) -> list[tuple[int, int | None]]:
+        """``(slot, exit code)`` of each worker that has ended."""
+        return [(slot, process.exitcode) for slot, process in enumerate(self.processes) if not process.is_alive()]
+
+    def close(self, interrupt: bool = False, grace: float = STOP_GRACE) -> None:
+        """End the workers: each finishes its job first, or, with ``interrupt``, is interrupted (SIGINT, as Ctrl-C
+        does: its job records that it was cut short) and given ``grace`` seconds before it is killed."""
+        for inbox, process in zip(self.inboxes, self.processes, strict=True):
+            if process.is_alive():
+                if interrupt:
+                    with contextlib.suppress(OSError):
+                        os.kill(process.pid, signal.SIGINT)
+                else:
+                    inbox.put(None)
+        deadline = time.monotonic() + grace
+        try:
+            while any(process.is_alive() for process in self.processes) and time.monotonic() < deadline:
+                self.receive(0.1)  # a worker exits only once what it sent has been read
+        except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM) while waiting: do not wait any longer
+            pass
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
+        for inbox in self.inboxes:
+            inbox.cancel_join_thread()
+            inbox.close()
+        self.events.close()
+
+
+def _serve(slot: int, inbox: Any, events: Any, target: Callable[[Any, Report], Any]) -> None:
+    """A pool worker: run each job of ``inbox`` until it holds None; end quietly on SIGINT or SIGTERM."""
+    _interrupt_once()
+    try:
+        while (job := inbox.get()) is not None:
+            def report(*event: Any) -> None:
+                events.put((slot, "event", event))
+
+            try:
+                events.put((slot, "done", target(job, report)))
+            except Exception as exc:  # the owner decides what a failed job means; the worker takes the next one
+                events.put((slot, "error", f"{type(exc).__name__}: {exc}"))
+    except KeyboardInterrupt:
+        pass
+
+
+def _interrupt_once() -> None:
+    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` once; later ones are ignored, so that the job's clean-up (its
+    files record that it was cut short) is not itself cut short when both a terminal and the pool's owner signal."""
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)

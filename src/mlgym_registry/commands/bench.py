@@ -2,7 +2,8 @@
 
 Each run is written to ``DIR/<model>__<task>__run_<k>/`` (``<task>.traj`` and ``results.json``) as it goes. The same
 command again skips the runs that finished and plays the others from scratch, so an interrupted suite resumes where
-it stopped. ``mlgym-registry report DIR`` turns the folder into MLGym's tables.
+it stopped. ``--num-envs N`` keeps N runs going at once, in N worker processes started once for the suite.
+``mlgym-registry report DIR`` turns the folder into MLGym's tables.
 
 The exit status says how the suite went (``EXIT_*``): 0 every run ended, 1 some runs did not end well (their API
 failed, their worker died), 2 the command was refused (bad options, a folder made with other settings or in use), 3
@@ -13,17 +14,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import signal
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from ..terminal import printable
 from ..validation import cli_integer
 from .run import (
     OutFolder,
-    ProgressBar,
     add_backend_option_argument,
     add_component_arguments,
     add_engine_arguments,
@@ -88,12 +90,15 @@ def main(args: argparse.Namespace) -> int:
         import_ray()
         engine = "ray"
     elif args.num_envs > 1:
+        from ..workers import start_worker_server
+
         engine = "process"
+        start_worker_server()  # the workers' server imports torch and TorchRL while this process goes on
     out = Path(args.out)
     runs = suite.plan(specs, model, args.runs, out)
     if engine != "ray":  # Ray actors may reach an endpoint that this machine cannot
         check_endpoint(policy)
-    bar = None if args.quiet else SuiteBar(len(runs), f"{model}: runs done")
+    bar = None if args.quiet else SuiteBar(len(runs), model)
     runtime = contextlib.nullcontext()
     if engine == "ray":  # one runtime for the whole suite, not one per batch of runs
         from ..ray_runtime import ray_session
@@ -204,29 +209,72 @@ def print_totals(model: str, totals: dict) -> None:
 
 
 class SuiteBar:
-    """The progress bar of a suite: runs over, steps, the last scores and an estimate of the time left."""
+    """The progress line of a suite: runs finished of all, runs in flight, failures, cost so far, steps, the time
+    left and the last scores.
 
-    def __init__(self, total: int, label: str):
-        self.bar = ProgressBar(total, label)
+    On a terminal it is one line, cut to the terminal's width and redrawn in place (``\\r``) at every step; elsewhere
+    (a log file, a pipe) a whole plain line is written whenever a run ends, never for a step alone.
+    """
+
+    def __init__(self, total: int, label: str, stream: TextIO | None = None):
+        self.total = total
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.started = time.monotonic()
         self.skipped: int | None = None
+        self._shown = ""
+        self._ended = -1
 
     def __call__(self, progress) -> None:
         if self.skipped is None:
             self.skipped = progress.skipped
-        played = progress.finished - self.skipped
+        if self.tty:
+            self._draw(fit(self.text(progress), terminal_width()))
+        elif progress.finished != self._ended:
+            self._ended = progress.finished
+            self.stream.write(self.text(progress) + "\n")
+            self.stream.flush()
+
+    def text(self, progress) -> str:
+        """The whole line, most important first (``fit`` cuts its end)."""
+        played = progress.finished - (self.skipped or 0)
         left = progress.total - progress.finished
+        parts = [f"{self.label}: {progress.finished}/{progress.total} runs finished", f"{progress.in_flight} in flight",
+                 f"{progress.failed} failed", f"${progress.cost:.4f}", f"{progress.steps} steps"]
         if played and left:
             per_run = (time.monotonic() - self.started) / played
-            eta = f", about {_duration(per_run * left)} left"
-        else:
-            eta = ""
-        scores = f"; last: {', '.join(progress.last_scores)}" if progress.last_scores else ""
-        self.bar.update(progress.finished, printable(f"({progress.steps} steps{eta}{scores})"))
+            parts.append(f"about {_duration(per_run * left)} left")
+        line = ", ".join(parts)
+        if progress.last_scores:
+            line += f"; last: {', '.join(progress.last_scores)}"
+        return printable(line)
+
+    def _draw(self, line: str) -> None:
+        if line == self._shown:
+            return
+        padding = " " * max(0, len(self._shown) - len(line))  # rub out the end of a longer line drawn before
+        self.stream.write("\r" + line + padding)
+        self.stream.flush()
+        self._shown = line
 
     def close(self) -> None:
-        """Finish the bar's line."""
-        self.bar.close()
+        """End the line on a terminal."""
+        if self.tty and self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._shown = ""
+
+
+def terminal_width() -> int:
+    """The terminal's width in columns (80 when there is none)."""
+    return shutil.get_terminal_size((80, 24)).columns
+
+
+def fit(line: str, width: int) -> str:
+    """``line`` cut to ``width - 1`` characters (a full line would wrap on some terminals), ``...`` marking a cut."""
+    room = max(width - 1, 10)
+    return line if len(line) <= room else line[: room - 3] + "..."
 
 
 def _duration(seconds: float) -> str:

@@ -41,8 +41,11 @@ class SettingsMismatch(MLGymRegistryError):
     """A resume asked for other settings than the suite folder was made with."""
 
 
-def now() -> str:
-    """The current time, ISO 8601 in UTC to the second."""
+def now(precise: bool = False) -> str:
+    """The current time, ISO 8601 in UTC to the second (to the millisecond when ``precise``: runs played at once
+    start and end within seconds of each other)."""
+    if precise:
+        return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
@@ -86,11 +89,19 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+UNHASHED_FIELDS = ("root", "source", "registered_as")
+"""Spec fields that say where a task was loaded from or how it was named, not what is played."""
+LATER_FIELDS: dict[str, Any] = {"requirements": None}
+"""Spec fields added after runs were first recorded, with their defaults: left out of the hash while at their
+default, so that a folder recorded before them still resumes."""
+
+
 def task_hash(spec: TaskSpec) -> str:
     """``sha256:...`` of the task as played: its spec (without where it was loaded from) and the contents of its
     starter code, sample submission, requirements and memory files."""
     digest = hashlib.sha256()
-    data = {k: v for k, v in spec.to_dict().items() if k not in ("root", "source")}
+    data = {k: v for k, v in spec.to_dict().items()
+            if k not in UNHASHED_FIELDS and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
     digest.update(json.dumps(data, sort_keys=True).encode())
     named = [*spec.starter_code, spec.sample_submission, spec.requirements_path, spec.memory_path]
     for name in (n for n in named if n):
@@ -265,8 +276,9 @@ def _is_number(value: Any) -> bool:
 
 
 def run_record(suite: Mapping[str, Any], *, task: str, number: int, task_digest: str, seed: int | None,
-               max_steps: int) -> dict[str, Any]:
-    """The start of a run's ``settings.json``: the suite's settings, the task's hash, the run's seed."""
+               max_steps: int, pid: int | None = None) -> dict[str, Any]:
+    """The start of a run's ``settings.json``: the suite's settings, the task's hash, the run's seed, the process
+    that plays it (``pid``, None when not known yet)."""
     session = suite["sessions"][-1]
     return {
         "format": FORMAT,
@@ -278,7 +290,8 @@ def run_record(suite: Mapping[str, Any], *, task: str, number: int, task_digest:
         "task_max_steps": max_steps,
         "recorded": session["recorded"],
         "versions": session["versions"],
-        "started": now(),
+        "pid": pid,
+        "started": now(precise=True),
         "ended": None,
     }
 

@@ -6,11 +6,17 @@ A run is finished when its trajectory records how the episode ended (``info.exit
 does not say it failed; running the same suite again into the same folder skips finished runs and plays the others
 again from scratch (runs that were interrupted, failed or never started). Run ``k`` of a task is seeded
 ``seed + k`` wherever it is played, so a resumed suite plays exactly the runs a complete one would have.
+
+Several runs at once are played by one pool of worker processes started for the whole suite
+(``workers.WorkerPool``): each worker plays a run as this process would (``_play_run``) and takes the next pending
+run, of any task, as soon as it is done, so the pool stays full across tasks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 import shutil
 import time
@@ -122,6 +128,10 @@ class SuiteProgress:
     failed: int = 0
     steps: int = 0
     last_scores: list[str] = field(default_factory=list)
+    in_flight: int = 0
+    """Runs being played right now."""
+    cost: float = 0.0
+    """What the runs played in this session have cost so far (USD, ``task_cost``), those still going included."""
 
     @property
     def finished(self) -> int:
@@ -146,10 +156,13 @@ def play(
 ) -> tuple[SuiteProgress, list[tuple[SuiteRun, EpisodeResult]]]:
     """Play every run of ``runs`` that is not finished yet; return the progress and each played run's result.
 
-    With ``num_envs`` 1 and no ``engine`` the runs are played one by one in this process; otherwise up to
-    ``num_envs`` at once through ``parallel.run_episodes`` (``engine`` ``"process"`` or ``"ray"``). Either way a
-    policy that gives up (``PolicyError``: the API failed) ends only its run, with MLGym's ``exit_api``, and the suite
-    goes on. A run about to be played again loses what its folder held. With ``record`` (the suite's settings record,
+    With ``num_envs`` 1 and no ``engine`` the runs are played one by one in this process. With ``engine``
+    ``"process"`` ``num_envs`` worker processes, started once for the suite, play them: each worker takes the next
+    pending run (of whichever task) as soon as it is done with one, so ``num_envs`` runs are always going until
+    fewer are left (``_play_pooled``). With ``engine`` ``"ray"`` they are played ``num_envs`` at a time, one task at a
+    time, through ``parallel.run_episodes``. However it is played, run ``k`` is seeded ``seed + k`` and a policy that
+    gives up (``PolicyError``: the API failed) ends only its run, with MLGym's ``exit_api``, and the suite goes on. A
+    run about to be played again loses what its folder held. With ``record`` (the suite's settings record,
     ``settings.start_suite``) each run's folder gets its ``settings.json``.
     """
     pending = [run for run in runs if not run.finished]
@@ -157,38 +170,69 @@ def play(
     played: list[tuple[SuiteRun, EpisodeResult]] = []
     if on_progress is not None:
         on_progress(progress)
-    for group in batches(pending, num_envs):
-        for run in group:
-            if run.folder.exists():
-                shutil.rmtree(run.folder)
-        first_seed = None if seed is None else seed + group[0].number
-        if record is not None:
-            for run in group:
-                _start_record(run, record, None if seed is None else seed + run.number)
-        started = time.monotonic()
-        if engine is None and num_envs == 1:
-            results = [_play_here(group[0], policy, first_seed, options, progress, on_progress)]
-        else:
-            results = _play_many(group, policy, engine or "process", address, first_seed, options, progress,
-                                 on_progress)
-        seconds = time.monotonic() - started  # the runs of a group are played at once: each took the group's time
-        for index, run in enumerate(group):
-            result = results[index] if index < len(results) else _never_started(run)
-            played.append((run, result))
-            if record is not None:
-                _end_record(run, result, seconds)
-            if result.finished and not result.failure:
-                progress.done += 1
-            else:
-                progress.failed += 1
-            progress.last_scores = (progress.last_scores + [_score_text(run, result)])[-3:]
-        if on_progress is not None:
-            on_progress(progress)
+    if engine == "ray":
+        _play_batches(pending, policy, num_envs, address, seed, options, record, progress, on_progress, played)
+    elif engine is None and num_envs == 1:
+        for run in pending:
+            progress.in_flight = 1
+            result = _play_run(run, policy, _run_seed(seed, run), options, record, _counting_turns(progress,
+                                                                                                    on_progress))
+            _count(progress, played, run, result, on_progress)
+        progress.in_flight = 0
+    elif pending:
+        _play_pooled(pending, policy, num_envs, seed, options, record, progress, on_progress, played)
+    order = {run.folder: index for index, run in enumerate(runs)}
+    played.sort(key=lambda pair: order[pair[0].folder])  # workers end their runs in any order
     return progress, played
 
 
+def _run_seed(seed: int | None, run: SuiteRun) -> int | None:
+    return None if seed is None else seed + run.number
+
+
+def _counting_turns(progress: SuiteProgress, on_progress: ProgressCallback | None) -> Callable[[float], None]:
+    """``on_turn(cost)`` for a run played in this process: the steps and the run's cost so far in ``progress``."""
+    cost_before = progress.cost
+
+    def on_turn(cost: float) -> None:
+        progress.steps += 1
+        progress.cost = cost_before + cost
+        if on_progress is not None:
+            on_progress(progress)
+
+    return on_turn
+
+
+def _count(progress: SuiteProgress, played: list[tuple[SuiteRun, EpisodeResult]], run: SuiteRun,
+           result: EpisodeResult, on_progress: ProgressCallback | None) -> None:
+    """Count a run that is over into ``progress`` and ``played``."""
+    played.append((run, result))
+    if result.finished and not result.failure:
+        progress.done += 1
+    else:
+        progress.failed += 1
+    progress.last_scores = (progress.last_scores + [_score_text(run, result)])[-3:]
+    if on_progress is not None:
+        on_progress(progress)
+
+
+def _play_run(run: SuiteRun, policy: str, seed: int | None, options: dict[str, Any] | None,
+              record: dict[str, Any] | None, on_turn: Callable[[float], None] | None = None) -> EpisodeResult:
+    """Play ``run`` from scratch in this process (its folder emptied first), with its ``settings.json`` opened before
+    and closed after when ``record`` is given; ``on_turn(cost so far)`` after every turn."""
+    if run.folder.exists():
+        shutil.rmtree(run.folder)
+    if record is not None:
+        _start_record(run, record, seed, os.getpid())
+    started = time.monotonic()
+    result = _play_here(run, policy, seed, options, on_turn)
+    if record is not None:
+        _end_record(run, result, time.monotonic() - started)
+    return result
+
+
 def _play_here(run: SuiteRun, policy_text: str, seed: int | None, options: dict[str, Any] | None,
-               progress: SuiteProgress, on_progress: ProgressCallback | None) -> EpisodeResult:
+               on_turn: Callable[[float], None] | None = None) -> EpisodeResult:
     from ..episode import run_episode
     from ..policies import make_policy
     from ..registry import registry
@@ -199,13 +243,12 @@ def _play_here(run: SuiteRun, policy_text: str, seed: int | None, options: dict[
     policy = GiveUpWithExitApi(make_policy(policy_text, task_id=run.spec.id))
     env = registry.make(run.spec, batch_size=(), **(options or {}))
 
-    def on_turn(turn: Any) -> None:
-        progress.steps += 1
-        if on_progress is not None:
-            on_progress(progress)
+    def turned(turn: Any) -> None:
+        if on_turn is not None:
+            on_turn(_cost_of(turn.info))
 
     try:
-        result = run_episode(env, policy, spec=run.spec, writer=writer, on_turn=on_turn, seed=seed)
+        result = run_episode(env, policy, spec=run.spec, writer=writer, on_turn=turned, seed=seed)
         if policy.error:  # as a worker records it (parallel.TextPolicy): the run ended with exit_api, and failed
             result.failure = policy.error
             writer.fail(policy.error, info=result.info)
@@ -218,6 +261,12 @@ def _play_here(run: SuiteRun, policy_text: str, seed: int | None, options: dict[
     finally:
         env.close()
         policy.close()
+
+
+def _cost_of(info: dict[str, Any] | None) -> float:
+    """The ``task_cost`` of an episode's ``info`` so far (0 when its policy keeps no usage)."""
+    cost = ((info or {}).get("model_stats") or {}).get("task_cost")
+    return float(cost) if isinstance(cost, (int, float)) else 0.0
 
 
 class GiveUpWithExitApi(Policy):
@@ -266,12 +315,13 @@ class GiveUpWithExitApi(Policy):
         self.policy.close()
 
 
-def _start_record(run: SuiteRun, record: dict[str, Any], seed: int | None) -> None:
+def _start_record(run: SuiteRun, record: dict[str, Any], seed: int | None, pid: int | None = None) -> None:
     from . import settings
 
     digest = (record.get("tasks") or {}).get(run.spec.id, "")
     settings.write(run.folder / settings.SETTINGS, settings.run_record(
-        record, task=run.spec.id, number=run.number, task_digest=digest, seed=seed, max_steps=run.spec.max_steps))
+        record, task=run.spec.id, number=run.number, task_digest=digest, seed=seed, max_steps=run.spec.max_steps,
+        pid=pid))
 
 
 def _end_record(run: SuiteRun, result: EpisodeResult, seconds: float | None = None) -> None:
@@ -286,13 +336,146 @@ def _end_record(run: SuiteRun, result: EpisodeResult, seconds: float | None = No
     usage = settings.usage_of(result.info)
     problems = run_problems(result.failure or None, str(status) if status else None,
                             (result.info or {}).get("model_stats"))
-    data.update(ended=settings.now(), exit_status=status, usage=usage, problems=problems)
+    data.update(ended=settings.now(precise=True), exit_status=status, usage=usage, problems=problems)
+    if result.worker.get("pid") is not None:  # a Ray actor's
+        data["pid"] = result.worker["pid"]
     if seconds is not None:
         data["wall_seconds"] = round(seconds, 3)
     settings.write(path, data)
     results = settings.read(run.folder / "results.json")
     if problems and results is not None:
         settings.write(run.folder / "results.json", {**results, "problems": problems})
+
+
+# -- several runs at once: one pool of worker processes for the whole suite ------------------------------------------
+WAIT = 0.5
+"""Seconds between two looks at whether a worker died, while no worker reports anything."""
+
+
+def _play_pooled(pending: Sequence[SuiteRun], policy: str, num_envs: int, seed: int | None,
+                 options: dict[str, Any] | None, record: dict[str, Any] | None, progress: SuiteProgress,
+                 on_progress: ProgressCallback | None, played: list[tuple[SuiteRun, EpisodeResult]]) -> None:
+    """Play ``pending`` on ``num_envs`` worker processes started once: a worker done with a run gets the next
+    pending one at once, whatever its task, so there is no wait between tasks. Each worker records its runs itself
+    (``_play_job``), exactly as a run played here is recorded; a worker that dies fails only its run and is
+    replaced."""
+    from ..workers import WorkerPool
+
+    queue = list(reversed(pending))
+    running: dict[int, SuiteRun] = {}
+    costs: dict[int, float] = {}
+    spent = progress.cost  # by the runs that are over
+
+    def dispatch() -> None:
+        for slot in range(len(pool.processes)):
+            if queue and slot not in running:
+                running[slot] = run = queue.pop()
+                costs[slot] = 0.0
+                pool.give(slot, _job(run, policy, _run_seed(seed, run), options, record))
+        progress.in_flight = len(running)
+
+    pool = WorkerPool(min(num_envs, len(pending)), _play_job)
+    interrupted = True
+    try:
+        while queue or running:
+            dispatch()
+            message = pool.receive(WAIT)
+            if message is None:
+                _fail_dead_workers(pool, running, progress, played, on_progress, more=bool(queue))
+                continue
+            slot, kind, payload = message
+            if kind == "event":
+                progress.steps += 1
+                costs[slot] = payload[0]
+                progress.cost = spent + sum(costs.values())
+                if on_progress is not None:
+                    on_progress(progress)
+                continue
+            run = running.pop(slot)
+            result = _received(run, kind, payload, record)
+            costs.pop(slot)
+            spent += _cost_of(result.info)
+            dispatch()  # before the count: the next run is in flight as soon as this one is over
+            progress.cost = spent + sum(costs.values())
+            _count(progress, played, run, result, on_progress)
+        interrupted = False
+    finally:
+        progress.in_flight = 0
+        pool.close(interrupt=interrupted)
+
+
+def _job(run: SuiteRun, policy: str, seed: int | None, options: dict[str, Any] | None,
+         record: dict[str, Any] | None) -> dict[str, Any]:
+    """What a worker needs to play ``run`` (``_play_job``): plain data, the spec as ``TaskSpec.to_dict()``."""
+    return {"spec": run.spec.to_dict(), "model": run.model, "number": run.number, "folder": str(run.folder),
+            "policy": policy, "seed": seed, "options": options, "record": record}
+
+
+def _play_job(job: dict[str, Any], report: Callable[..., None]) -> EpisodeResult:
+    """In a worker: play the run ``job`` describes (``_play_run``), reporting ``(cost so far,)`` after every turn.
+
+    A run that raises fails alone: its files and its ``settings.json`` say why, and the worker goes on. The result
+    travels without its spec (the owner has it)."""
+    run = SuiteRun(TaskSpec.from_dict(job["spec"]), job["model"], job["number"], Path(job["folder"]))
+    started = time.monotonic()
+    try:
+        result = _play_run(run, job["policy"], job["seed"], job["options"], job["record"], report)
+    except Exception as exc:
+        result = EpisodeResult(run.spec, failure=f"{type(exc).__name__}: {exc}")
+        if job["record"] is not None:
+            _end_record(run, result, time.monotonic() - started)
+    return dataclasses.replace(result, spec=None)
+
+
+def _received(run: SuiteRun, kind: str, payload: Any, record: dict[str, Any] | None) -> EpisodeResult:
+    """The result a worker sent for ``run`` (``"done"``), or a failed one for a job that raised (``"error"``)."""
+    if kind == "done":
+        payload.spec = run.spec
+        return payload
+    result = EpisodeResult(run.spec, failure=f"its worker failed: {payload}")
+    if record is not None:
+        _end_record(run, result)
+    return result
+
+
+def _fail_dead_workers(pool: Any, running: dict[int, SuiteRun], progress: SuiteProgress,
+                       played: list[tuple[SuiteRun, EpisodeResult]], on_progress: ProgressCallback | None,
+                       more: bool) -> None:
+    """Fail the run of each worker that died, and start another worker in its place when runs are left."""
+    for slot, code in pool.dead():
+        run = running.pop(slot, None)
+        if run is not None:
+            result = EpisodeResult(run.spec, failure=f"its worker process died (exit code {code})")
+            if (run.folder / "settings.json").exists():
+                _end_record(run, result)
+            _count(progress, played, run, result, on_progress)
+        if more:
+            pool.restart(slot)
+
+
+# -- Ray: runs of one task at a time ---------------------------------------------------------------------------------
+def _play_batches(pending: Sequence[SuiteRun], policy: str, num_envs: int, address: str | None, seed: int | None,
+                  options: dict[str, Any] | None, record: dict[str, Any] | None, progress: SuiteProgress,
+                  on_progress: ProgressCallback | None, played: list[tuple[SuiteRun, EpisodeResult]]) -> None:
+    """Play ``pending`` as Ray actors, ``num_envs`` runs of one task at a time (``batches``)."""
+    for group in batches(pending, num_envs):
+        for run in group:
+            if run.folder.exists():
+                shutil.rmtree(run.folder)
+            if record is not None:
+                _start_record(run, record, _run_seed(seed, run))
+        started = time.monotonic()
+        progress.in_flight = len(group)
+        results = _play_many(group, policy, "ray", address, _run_seed(seed, group[0]), options, progress,
+                             on_progress)
+        seconds = time.monotonic() - started  # the runs of a group are played at once: each took the group's time
+        progress.in_flight = 0
+        for index, run in enumerate(group):
+            result = results[index] if index < len(results) else _never_started(run)
+            if record is not None:
+                _end_record(run, result, seconds)
+            progress.cost += _cost_of(result.info)
+            _count(progress, played, run, result, on_progress)
 
 
 def _play_many(group: list[SuiteRun], policy: str, engine: str, address: str | None, seed: int | None,
