@@ -160,7 +160,11 @@ def build_env(
     ]
     if multi_task:
         stages.append(TaskSampler(keys, list(base.tasks)))
-    chat_template = ChatTemplate(keys, tokenizer=tokenizer, chat_template_name=chat_template_name)
+    from .components.tool_calling import parser_tools
+
+    # a tool-calling parser's tools go to the chat template (the first task's that has any: one renderer per env)
+    tools = next((found for found in (parser_tools(task.parser) for task in resolved) if found), None)
+    chat_template = ChatTemplate(keys, tokenizer=tokenizer, chat_template_name=chat_template_name, tools=tools)
     message = StateToMessage(keys, max_observation_chars=max_observation_chars)
     stages += [ReadState(keys), message, MessageToHistory(keys)]
     if processing:

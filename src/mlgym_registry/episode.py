@@ -13,6 +13,7 @@ the action ``exit_format``.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -200,12 +201,21 @@ class EpisodePlayer:
         self._over = False
 
     def start(self) -> EpisodeResult:
-        """Reset the env (seeded when a seed was given) and record the first prompt."""
+        """Reset the env (seeded when a seed was given) and record the first prompt.
+
+        A recorded episode without a seed gets a fresh one, recorded with it (``provenance``), so that the run can
+        be played again as it was."""
+        if self.seed is None and self.writer is not None:
+            self.seed = secrets.randbelow(1 << 31)
         if self.seed is not None:
             self.env.set_seed(self.seed)
         self._td = self.env.reset()
         self.spec = self.spec or self.base.task.spec  # after the reset: a multi-task env has just picked its task
         self._messages = conversation(self._td, self.layout)
+        if self.writer is not None and getattr(self.writer, "provenance", False) is None:
+            from .provenance import run_record
+
+            self.writer.provenance = run_record(self.spec, self.policy, self.seed)
         if self.writer is not None:
             for message in self._messages:
                 (self.writer.system if message["role"] == "system" else self.writer.user)(message["content"])
@@ -287,6 +297,11 @@ class EpisodePlayer:
             self.writer.step(turn.step(), info=result.info)
             if not turn.done and self._messages and self._messages[-1]["role"] == "user":
                 self.writer.user(self._messages[-1]["content"])
+            elif not turn.done and self._messages and self._messages[-1]["role"] == "tool":  # native tool calls
+                from .components.tool_calling import trailing_tool_messages
+
+                for message in trailing_tool_messages(self._messages):
+                    self.writer.tool(message["content"], message["tool_call_id"])
         if self.on_turn is not None:
             self.on_turn(turn)
         if turn.done:

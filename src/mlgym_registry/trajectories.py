@@ -293,6 +293,8 @@ class TrajectoryWriter:
     history: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     failure: str = ""
+    provenance: dict[str, Any] | None = None
+    """How the run was made (``mlgym_registry.provenance.run_record``), saved as ``"run"`` in both files."""
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -317,6 +319,11 @@ class TrajectoryWriter:
         self.history.append({"role": "user", "content": content, "agent": AGENT_NAME})
         self.save()
 
+    def tool(self, content: str, tool_call_id: str) -> None:
+        """Record the answer to a tool call (native tool calling: it prompts the next turn, as ``user`` does)."""
+        self.history.append({"role": "tool", "content": content, "tool_call_id": tool_call_id, "agent": AGENT_NAME})
+        self.save()
+
     def step(self, step: Step, info: dict[str, Any] | None = None) -> None:
         """Record a finished step (and the ``info`` after it)."""
         self.steps.append(step)
@@ -332,10 +339,17 @@ class TrajectoryWriter:
         self.save()
 
     def finish(self, info: dict[str, Any] | None = None) -> None:
-        """Record the final ``info`` and save."""
+        """Record the final ``info`` (and, in the run's record, when it ended) and save."""
         if info is not None:
             self.info = copy.deepcopy(info)
+        self._ended()
         self.save()
+
+    def _ended(self) -> None:
+        if self.provenance is not None:
+            from .evaluation.settings import now
+
+            self.provenance["ended"] = now(precise=True)
 
     def fail(self, reason: str, info: dict[str, Any] | None = None) -> None:
         """Record that the episode failed (its worker died, the run was interrupted, its policy gave up) and why:
@@ -344,6 +358,7 @@ class TrajectoryWriter:
         self.failure = reason
         if info is not None:
             self.info = copy.deepcopy(info)
+        self._ended()
         self.save()
 
     def trajectory(self) -> Trajectory:
@@ -361,11 +376,16 @@ class TrajectoryWriter:
                 results["infra_errors"] = infra
         if self.failure:
             results["failed"] = self.failure
+        if self.provenance is not None:
+            results["run"] = self.provenance
         return results
 
     def save(self) -> None:
         """Write both files now (atomically)."""
-        atomic_write_json(self.traj_path, _jsonable(self.trajectory().to_dict()))
+        trajectory = self.trajectory().to_dict()
+        if self.provenance is not None:
+            trajectory["run"] = self.provenance
+        atomic_write_json(self.traj_path, _jsonable(trajectory))
         atomic_write_json(self.results_path, _jsonable(self.results()))
 
 

@@ -27,6 +27,7 @@ from ..trajectories import load_recorded
 from .run import (
     OutFolder,
     add_backend_option_argument,
+    add_component_arguments,
     add_episode_arguments,
     backend_options,
     default_out,
@@ -46,10 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "runs/replay-<id>-<time>); a folder that already holds a run is refused")
     add_episode_arguments(parser)
     parser.add_argument(
-        "--starter-files", choices=("recorded", "task"), default="recorded",
+        "--starter-files", choices=("recorded", "task"), default=None,
         help="recorded: start from the file versions the run showed when it first opened them, so its "
-        "line-numbered edits land where they did (default); task: the task's own files",
+        "line-numbered edits land where they did (default for MLGym's runs); task: the task's own files (default "
+        "for runs this package recorded, which also replay on their recorded components, seed and options)",
     )
+    add_component_arguments(parser)
     add_backend_option_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
 
@@ -131,7 +134,7 @@ def default_task(trajectory_path: Path, environment: str = "mlgym_main") -> tupl
 def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None = None, seed: int | None = None,
            stream: TextIO | None = None, warnings: list[str] | None = None,
            options: dict[str, Any] | None = None, training_timeout: int | None = None,
-           starter_files: str = "recorded") -> ReplayReport:
+           starter_files: str = "recorded", components: dict[str, str] | None = None) -> ReplayReport:
     """Replay ``trajectory_path`` on ``task``, write our ``.traj``, ``results.json`` and the report to ``out``.
 
     With ``starter_files="recorded"`` the workspace starts from the file versions the recorded run showed when it
@@ -148,7 +151,8 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
     from .run import Transcript, sigint_deferred, terminate_as_exit
 
     recorded = load_recorded(Path(trajectory_path))
-    spec = with_changes(registry.spec(task), max_steps=max_steps, training_timeout=training_timeout, options=options)
+    spec = with_changes(registry.spec(task), max_steps=max_steps, training_timeout=training_timeout, options=options,
+                        components=components)
     replaced: list[str] = []
     if starter_files == "recorded":
         windows = first_windows((step.action or "", step.observation) for step in recorded.steps)
@@ -266,20 +270,57 @@ def main_one(args: argparse.Namespace, path: Path) -> int:
     from ..registry import registry
 
     recorded = load_recorded(path)  # fail early, with the file's problem, before building anything
-    task, warnings = (args.task, []) if args.task else default_task(path, recorded.environment)
-    options = backend_options(args.backend_option)
+    plan = plan_replay(path, recorded.environment, args)
     # every option is checked before the --out folder is made
-    with_changes(registry.spec(task), max_steps=args.max_steps, training_timeout=args.training_timeout, options=options)
-    for warning in warnings:
+    with_changes(registry.spec(plan.task), max_steps=plan.max_steps, training_timeout=args.training_timeout,
+                 options=plan.options, components=plan.components)
+    for warning in plan.warnings:
         print(f"mlgym-registry replay: warning: {printable(warning)}", file=sys.stderr)
-    out = Path(args.out) if args.out else default_out(f"replay-{task.replace('/', '_')}")
+    out = Path(args.out) if args.out else default_out(f"replay-{plan.task.replace('/', '_')}")
     with OutFolder(out):
-        report = replay(path, task, out, max_steps=args.max_steps, seed=args.seed, warnings=warnings,
-                        stream=None if args.quiet else sys.stdout, options=options,
-                        training_timeout=args.training_timeout, starter_files=args.starter_files)
+        report = replay(path, plan.task, out, max_steps=plan.max_steps, seed=plan.seed, warnings=plan.warnings,
+                        stream=None if args.quiet else sys.stdout, options=plan.options,
+                        training_timeout=args.training_timeout, starter_files=plan.starter_files,
+                        components=plan.components)
     print(printable(format_report(report)))
     print(f"wrote {out / 'replay-report.json'}")
     return 0
+
+
+@dataclass
+class ReplayPlan:
+    """What one replay runs on: the command line's choices, else what the run recorded (``provenance``)."""
+
+    task: str
+    warnings: list[str]
+    seed: int | None
+    max_steps: int | None
+    components: dict[str, str]
+    options: dict[str, Any]
+    starter_files: str
+
+
+def plan_replay(path: Path, environment: str, args: argparse.Namespace) -> ReplayPlan:
+    """The replay of ``path``: a run we recorded replays on its recorded task, components, seed, max steps and
+    backend options, from the task's own starter files, unless the command line says otherwise; an MLGym run on
+    ``mlgym/<id>`` (or our ``<id>``) from the file versions it showed (``--starter-files``)."""
+    from ..provenance import recorded_components, recorded_run
+    from .run import component_choices
+
+    record = recorded_run(path) or {}
+    task, warnings = ((args.task, []) if args.task else
+                      (str(record["task"]["name"]), []) if record.get("task", {}).get("name") else
+                      default_task(path, environment))
+    components = {**{kind: name for kind, name in recorded_components(record).items() if kind != "backend"},
+                  **component_choices(args)}
+    return ReplayPlan(
+        task=task, warnings=warnings,
+        seed=args.seed if args.seed is not None else record.get("seed"),
+        max_steps=args.max_steps if args.max_steps is not None else record.get("max_steps"),
+        components=components,
+        options={**(record.get("backend_options") or {}), **backend_options(args.backend_option)},
+        starter_files=args.starter_files or ("task" if record else "recorded"),
+    )
 
 
 def _replay_in_worker(path: Path, task: str, out: Path, warnings: list[str], arguments: dict[str, Any]) -> ReplayReport:
@@ -294,23 +335,19 @@ def main_many(args: argparse.Namespace, paths: list[Path]) -> int:
 
     from ..registry import registry
 
-    plans = []
+    plans: list[tuple[Path, ReplayPlan]] = []
     for path in paths:
         recorded = load_recorded(path)  # every file is checked before any replay starts
-        task, warnings = (args.task, []) if args.task else default_task(path, recorded.environment)
-        plans.append((path, task, warnings))
-    options = backend_options(args.backend_option)
-    for task in sorted({task for _, task, _ in plans}):
-        with_changes(registry.spec(task), max_steps=args.max_steps, training_timeout=args.training_timeout,
-                     options=options)
+        plans.append((path, plan_replay(path, recorded.environment, args)))
+    for _, plan in plans:
+        with_changes(registry.spec(plan.task), max_steps=plan.max_steps, training_timeout=args.training_timeout,
+                     options=plan.options, components=plan.components)
     out = Path(args.out) if args.out else default_out("replay")
-    arguments = {"max_steps": args.max_steps, "seed": args.seed, "options": options,
-                 "training_timeout": args.training_timeout, "starter_files": args.starter_files}
     jobs = min(args.jobs or default_jobs(), len(plans))
     failures = 0
     with OutFolder(out):
         folders, used = [], set()
-        for path, _, _ in plans:
+        for path, _ in plans:
             name = f"{path.parent.name}-{path.stem}".strip("-")
             while name in used:
                 name += "_"
@@ -318,9 +355,12 @@ def main_many(args: argparse.Namespace, paths: list[Path]) -> int:
             folders.append(out / name)
         context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads and envs
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures = [pool.submit(_replay_in_worker, path, task, folder, warnings, arguments)
-                       for (path, task, warnings), folder in zip(plans, folders, strict=True)]
-            for (path, _, _), folder, future in zip(plans, folders, futures, strict=True):
+            futures = [pool.submit(_replay_in_worker, path, plan.task, folder, plan.warnings,
+                                   {"max_steps": plan.max_steps, "seed": plan.seed, "options": plan.options,
+                                    "training_timeout": args.training_timeout, "starter_files": plan.starter_files,
+                                    "components": plan.components})
+                       for (path, plan), folder in zip(plans, folders, strict=True)]
+            for (path, _), folder, future in zip(plans, folders, futures, strict=True):
                 try:
                     report = future.result()
                 except Exception as exc:  # noqa: BLE001 - one failed replay does not stop the others

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
 import signal
 import sys
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``run``."""
-    parser.add_argument("task", help="a registered task name (see `mlgym-registry list --kind task`) or a task YAML file")
+    parser.add_argument("task", help="a registered task name (see `mlgym-registry list --kind task`) or a task "
+                                     "YAML file")
     parser.add_argument("--policy", default="scripted",
                         help="scripted (default), replay:PATH.traj, human, transformers:MODEL_DIR, or openai:MODEL "
                         "(a model behind an OpenAI-compatible endpoint; see the openai policy's options)")
@@ -146,8 +148,6 @@ def add_backend_option_argument(parser: argparse.ArgumentParser) -> None:
 
 def backend_options(pairs: list[str]) -> dict[str, object]:
     """The ``-o KEY=VALUE`` options as a dict (``60`` is a number, ``true`` a bool, anything else a string)."""
-    import json
-
     options: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -182,6 +182,7 @@ def main(args: argparse.Namespace) -> int:
     """Run the episode(s); exit 0 when every episode ended (submitted or autosubmitted)."""
     from ..registry import registry
 
+    apply_recorded_settings(args)
     spec = with_changes(registry.spec(args.task), max_steps=args.max_steps, backend=args.backend,
                         training_timeout=args.training_timeout, options=backend_options(args.backend_option),
                         components=component_choices(args))
@@ -201,6 +202,29 @@ def main(args: argparse.Namespace) -> int:
         if args.num_envs > 1 or args.ray is not None or episodes_per_env(args) > 1:
             return run_many(spec, args, out)
         return run_one(spec, args, out)
+
+
+def apply_recorded_settings(args: argparse.Namespace) -> None:
+    """For ``--policy replay:PATH`` of a run we recorded: what the command line leaves unset (seed, max steps,
+    components, backend and its options) as the run recorded them, so that the replay plays the run again."""
+    from ..provenance import recorded_components, recorded_run
+
+    kind, _, path = policy_text(args).partition(":")
+    record = recorded_run(path) if kind == "replay" and path else None
+    if record is None:
+        return
+    if args.seed is None:
+        args.seed = record.get("seed")
+    if args.max_steps is None:
+        args.max_steps = record.get("max_steps")
+    components = recorded_components(record)
+    if args.backend is None:
+        args.backend = components.pop("backend", None)
+    for kind_, name in components.items():
+        if getattr(args, kind_, None) is None:
+            setattr(args, kind_, name)
+    recorded_options = [f"{key}={json.dumps(value)}" for key, value in (record.get("backend_options") or {}).items()]
+    args.backend_option = recorded_options + list(args.backend_option)  # the command line's come last and win
 
 
 def check_policy(text: str) -> None:

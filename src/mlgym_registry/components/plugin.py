@@ -20,6 +20,9 @@ def register_parsers(register):
     register("answer_or_command", f"{_PKG}.parsers:AnswerOrCommandParser",
              description="A fenced block is a command; any other reply is the final answer, written to answer.txt "
                          "and submitted (answer tasks such as capitals).")
+    register("tool_calls", f"{_PKG}.tool_calling:ToolCallParser",
+             description="Native tool calling: one tool call (OpenAI tool_calls, or <tool_call> JSON text) is the "
+                         "command; MLGym's commands and bash are JSON-schema tools.")
 
 
 @hookimpl
@@ -29,6 +32,8 @@ def register_templates(register):
     register("short", f"{_PKG}.templates:short",
              description="A few hundred tokens: the commands' signatures, the reply format, the task and the status "
                          "block (for training small models; same tool language as mlgym_default).")
+    register("tool_calling", f"{_PKG}.tool_calling:tool_calling",
+             description="mlgym_default's turns with a system message for tool-calling runs (parser tool_calls).")
 
 
 @hookimpl

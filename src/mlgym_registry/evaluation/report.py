@@ -106,6 +106,8 @@ def build_report(
     (it runs each task's evaluator once per seed). ``ReportError`` when there are no runs to report on.
     """
     found = find_runs(folders)
+    placement_notes = placement_warnings(found.runs)
+    found.runs = [run for run in found.runs if run.replay_of is None]
     where = ", ".join(str(f) for f in folders)
     if not found.runs:
         raise ReportError(
@@ -134,6 +136,7 @@ def build_report(
     results: list[TaskResult] = []
     statuses: list[RunStatus] = []
     notes: list[str] = [f"no runs of task {task!r}, which was asked for" for task in tasks or () if task not in by_task]
+    notes += placement_notes
     for task in task_order(by_task):
         runs = by_task[task]
         spec = find_spec(task)
@@ -169,6 +172,21 @@ def build_report(
     report.context = build_context(report, noise_band=noise_band)
     report.context.warnings[:0] = [unknown_model_warning(name, found.runs) for name in unknown]
     return report
+
+
+def placement_warnings(runs: Sequence[Run]) -> list[str]:
+    """Notes on runs the report leaves out or cannot place: replays (they replay a model's run, they are not one)
+    and folders whose name says no model and whose run records none (named after the folder)."""
+    notes = []
+    replays = [run.label for run in runs if run.replay_of is not None]
+    if replays:
+        notes.append(f"left out {len(replays)} replay(s) of recorded runs (not a model's own runs): "
+                     + ", ".join(replays[:5]) + (" ..." if len(replays) > 5 else ""))
+    for run in runs:
+        if run.named_by_folder and run.replay_of is None:
+            notes.append(f"{run.label}: neither its folder name (<model>__<task>__...) nor its results.json says "
+                         f"which model played it; it is reported as model {run.model!r}")
+    return notes
 
 
 def unknown_model_names(models: Sequence[str] | None, runs: Sequence[Run]) -> list[str]:

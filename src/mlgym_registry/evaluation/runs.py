@@ -80,6 +80,11 @@ class Run:
     """The ``.traj``'s ``info.model_stats`` (usage of the model), None when it records none."""
     settings: dict[str, Any] | None = None
     """The ``settings`` of the run's ``settings.json`` (written by ``bench``), None when there is none."""
+    named_by_folder: bool = False
+    """The model and task come from a folder name that does not say them (``run``'s ``<task>-<time>``): the run
+    records neither (see ``place_by_record``)."""
+    replay_of: str | None = None
+    """The recorded run this run replays (its ``.traj``), from the run's own record; None for a model's run."""
 
     @property
     def failed(self) -> str | None:
@@ -222,6 +227,26 @@ def _read(run: Run, bad_files: list[BadFile]) -> None:
             bad_files.append(BadFile(run.traj_path, problem))
     if run.results_path is not None and run.results_path.name == RESULTS:  # bench's layout: one folder per run
         run.settings = _read_settings(run.results_path.parent / SETTINGS)
+    place_by_record(run)
+
+
+def place_by_record(run: Run) -> None:
+    """Take the model and task of a run whose folder name does not hold them (``run --out``'s folders) from its
+    record (``results.json``'s ``"run"``: the policy's model, else its kind), and note a replay. A run with neither
+    keeps its folder's name as model and is marked ``named_by_folder``."""
+    record = (run.results or {}).get("run")
+    record = record if isinstance(record, dict) else {}
+    policy = record.get("policy") if isinstance(record.get("policy"), dict) else {}
+    if policy.get("name") == "replay":
+        run.replay_of = str(policy.get("source") or "a recorded run")
+    if run.results_path is None or run.results_path.name != RESULTS or "__" in run.results_path.parent.name:
+        return  # bench's and MLGym's folders say model and task; flat files say them in their names
+    task = record.get("task") if isinstance(record.get("task"), dict) else {}
+    if policy.get("model") or policy.get("name"):
+        run.model = model_name(str(policy.get("model") or policy["name"]))
+        run.task = str(task.get("id") or run.task)
+    else:
+        run.named_by_folder = True
 
 
 def _read_settings(path: Path) -> dict[str, Any] | None:

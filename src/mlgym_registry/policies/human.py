@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..terminal import printable
 from .base import Messages, Policy, PolicyExhausted, fenced, last_user_message
@@ -22,6 +22,20 @@ class HumanPolicy(Policy):
         self.stdin = stdin or sys.stdin
         self.stdout = stdout or sys.stdout
         self.show_system = show_system
+        self._format_action = None  # the task's parser's, when it has one: the typed command in its format
+
+    def reset(self, spec: Any = None) -> None:
+        """Write commands the way the episode's parser reads them (its ``format_action``), MLGym's fenced block
+        when it has none."""
+        self._format_action = None
+        if spec is not None:
+            from ..registry import registry
+
+            try:
+                parser = registry.component(spec, "parser")
+            except Exception:  # noqa: BLE001 - an unknown parser fails at make with its own message
+                return
+            self._format_action = getattr(parser, "format_action", None)
 
     def respond(self, messages: Messages) -> str:
         """Show the latest prompt, read the person's command."""
@@ -36,7 +50,10 @@ class HumanPolicy(Policy):
         if command in BLOCK_ENDS:
             end = BLOCK_ENDS[command]
             lines += self._read_until(lambda line: line.strip() == end)
-        return fenced("(typed by a person)", "\n".join(lines))
+        command_text = "\n".join(lines)
+        if self._format_action is not None:
+            return self._format_action(command_text)
+        return fenced("(typed by a person)", command_text)
 
     def _read_until(self, is_last) -> list[str]:
         lines = []

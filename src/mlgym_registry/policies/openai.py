@@ -19,6 +19,9 @@ names (servers that check no key get a placeholder).
   model; ``last_call()`` what the last answer cost (its ``finish_reason``, seconds and usage).
 - With ``cost_limit``, the episode ends with MLGym's ``exit_cost`` (the env autosubmits) once its cost reaches the
   limit, as MLGym's agent does: the answer that crossed it is not used.
+- When the episode's parser calls tools natively (``tool_calls``), its tools are sent as ``tools`` (with
+  ``tool_choice`` when given), the conversation as structured messages (assistant ``tool_calls``, ``tool`` messages),
+  and the answer's ``tool_calls`` come back in their text form (``components.tool_calling``).
 """
 
 from __future__ import annotations
@@ -128,7 +131,7 @@ class OpenAIPolicy(Policy):
                  temperature: float | None = None, top_p: float | None = None, max_tokens: int | None = None,
                  timeout: float = 300.0, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0,
                  price_in: float = 0.0, price_out: float = 0.0, cost_limit: float | None = None,
-                 trim_context: bool = True):
+                 trim_context: bool = True, tool_choice: str | None = None):
         if not isinstance(model, str) or not model.strip():
             raise InvalidOptionError("the openai policy needs a model name: --policy openai:MODEL")
         _check("temperature", temperature, lambda v: is_number(v) and v >= 0, "a number >= 0", optional=True)
@@ -161,6 +164,9 @@ class OpenAIPolicy(Policy):
         self.price_in, self.price_out = float(price_in), float(price_out)
         self.cost_limit = None if cost_limit is None else float(cost_limit)
         self.trim_context = trim_context
+        self.tool_choice = tool_choice
+        self.tools: list[dict[str, Any]] | None = None
+        """The JSON-schema tools sent with each call: the episode's parser's, when it calls tools natively."""
         self.usage = ModelStats()
         self._last_call: dict[str, Any] | None = None
         self._keep: int | None = None  # messages after the head that fit the context; None: all of them
@@ -184,6 +190,9 @@ class OpenAIPolicy(Policy):
         """Start an episode: its usage counts from zero (``total_cost`` goes on) and the whole conversation is sent
         again."""
         self.usage = ModelStats(total_cost=self.usage.total_cost)
+        from ..components.tool_calling import spec_tools
+
+        self.tools = spec_tools(spec)
         self._keep = None
         self._last_call = None
 
@@ -219,7 +228,7 @@ class OpenAIPolicy(Policy):
             sent = self._window(chat, head)
             try:
                 completion = self._with_retries(self._client.chat.completions.create, model=self.model,
-                                                messages=sent, **self.sampling)
+                                                **self._request(sent), **self.sampling)
             except self._openai.APIStatusError as exc:
                 if not is_context_overflow(exc):
                     self._timed(started)
@@ -294,6 +303,8 @@ class OpenAIPolicy(Policy):
         try:
             text = completion.choices[0].message.content if completion.choices else ""
             finish = completion.choices[0].finish_reason if completion.choices else None
+            if self.tools and completion.choices:
+                text = with_tool_calls(text, completion.choices[0].message)
         except AttributeError:
             raise PolicyError(f"{self.url} answered with something that is not a chat completion "
                               f"({str(completion)[:80]!r}): is --base-url an OpenAI-compatible endpoint?") from None
@@ -316,6 +327,17 @@ class OpenAIPolicy(Policy):
             "usage": None if usage is None else {"prompt_tokens": sent, "completion_tokens": received},
         }
         return text or ""
+
+    def _request(self, messages: list[dict[str, str]]) -> dict[str, Any]:
+        """The ``messages`` (and, in a tool-calling episode, ``tools`` and ``tool_choice``) of a call."""
+        if not self.tools:
+            return {"messages": messages}
+        from ..components.tool_calling import structured_messages
+
+        request = {"messages": structured_messages(messages, json_arguments=True), "tools": self.tools}
+        if self.tool_choice is not None:
+            request["tool_choice"] = self.tool_choice
+        return request
 
     def _wait(self, failures: int, exc: Exception) -> None:
         """Sleep before attempt ``failures + 1``: what the server asked, else exponential backoff with jitter."""
@@ -400,6 +422,15 @@ def _check(name: str, value: Any, accepts: Any, expected: str, optional: bool = 
         return
     if not accepts(value):
         raise InvalidOptionError(f"{name} must be {expected}, got {value!r}")
+
+
+def with_tool_calls(content: str | None, message: Any) -> str:
+    """An answer's ``content`` followed by its ``tool_calls`` in their text form (``content`` alone without any)."""
+    from ..components.tool_calling import ToolCall, response_text
+
+    calls = [ToolCall(str(call.function.name), call.function.arguments, call.id)
+             for call in (getattr(message, "tool_calls", None) or []) if getattr(call, "function", None) is not None]
+    return response_text(content, calls) if calls else (content or "")
 
 
 def head_length(messages: list[dict[str, str]]) -> int:

@@ -24,6 +24,7 @@ class ReplayPolicy(Policy):
 
     def __init__(self, trajectory: Trajectory | str | Path):
         self.trajectory = trajectory if isinstance(trajectory, Trajectory) else load_traj(trajectory)
+        self.source = str(self.trajectory.path) if self.trajectory.path else None  # recorded by the replay's run
         self.index = 0
 
     def reset(self, spec: Any = None) -> None:

@@ -31,9 +31,10 @@ def _shared_messages(history: Any) -> list[Any] | None:
 class ChatTemplate(ChainTransform):
     """Writes the prompt text; in the inverse pass, the assistant turn's content."""
 
-    def __init__(self, layout: Layout, tokenizer: Any = None, chat_template_name: str | None = None):
+    def __init__(self, layout: Layout, tokenizer: Any = None, chat_template_name: str | None = None,
+                 tools: list[dict[str, Any]] | None = None):
         super().__init__(layout, in_keys_inv=[layout.response], out_keys_inv=[ASSISTANT_KEY])
-        self.renderer = ChatRenderer(tokenizer, chat_template_name)
+        self.renderer = ChatRenderer(tokenizer, chat_template_name, tools)
         self.prompt = IncrementalPrompt(self.renderer)
         self._rendered: list[Any] = []
         """The message tensordicts the prompt was rendered from last (a history processor may change earlier ones

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tensordict import TensorDictBase
 
+from ..components.tool_calling import follow_up_roles
 from .base import ASSISTANT_KEY, ChainTransform, text_of
 from .history import extend_history, message
 from .layout import set_entry
@@ -36,6 +37,8 @@ class MessageToHistory(ChainTransform):
             raise KeyError("the chat template stage did not extract the assistant turn from the response")
         assistant = text_of(assistant)
         user = str(next_tensordict[self.layout.message])
-        new = [message("assistant", assistant, device), message("user", user, device)]
+        # a parser that calls tools natively has each of the turn's calls answered by a ``tool`` message
+        roles = follow_up_roles(self.base.task.parser, assistant)
+        new = [message("assistant", assistant, device)] + [message(role, user, device) for role in roles]
         set_entry(next_tensordict, key, extend_history(history, new))
         return next_tensordict

@@ -43,12 +43,18 @@ def chat_template_names() -> list[str]:
 class ChatRenderer:
     """Renders ``[{"role", "content"}, ...]`` with a chat template: the tokenizer's, or one TorchRL names.
 
+    With ``tools`` (a tool-calling parser's), the template gets them as ``tools``, and, when it renders structured
+    tool calls, the messages as ``structured_messages`` makes them (assistant ``tool_calls``, ``tool_call_id``).
+
     ``chat_template_name`` wins over the tokenizer's own template; with neither, TorchRL's ``chatml_format``. Without
     a tokenizer the template is rendered with transformers' jinja renderer and empty special tokens.
     """
 
-    def __init__(self, tokenizer: Any = None, chat_template_name: str | None = None):
+    def __init__(self, tokenizer: Any = None, chat_template_name: str | None = None,
+                 tools: list[dict[str, Any]] | None = None):
         self.tokenizer = load_tokenizer(tokenizer)
+        self.tools = tools or None
+        """The JSON-schema tools of a tool-calling parser: given to the template, which may list them."""
         if chat_template_name is not None:
             if chat_template_name not in _CHAT_TEMPLATES:
                 raise ValueError(
@@ -67,15 +73,24 @@ class ChatRenderer:
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The conversation as the model's prompt text."""
+        extra: dict[str, Any] = {}
+        if self.tools:
+            from ..components.tool_calling import structured_messages, template_renders_tools
+
+            extra["tools"] = self.tools
+            if template_renders_tools(self.template):
+                messages = structured_messages(messages)
         if self.tokenizer is not None:
             return self.tokenizer.apply_chat_template(
-                messages, chat_template=self.template, tokenize=False, add_generation_prompt=add_generation_prompt
+                messages, chat_template=self.template, tokenize=False, add_generation_prompt=add_generation_prompt,
+                **extra,
             )
         from transformers.utils.chat_template_utils import render_jinja_template
 
         rendered, _ = render_jinja_template(
             conversations=[messages],
             chat_template=self.template,
+            **extra,
             add_generation_prompt=add_generation_prompt,
             bos_token="",
             eos_token="",
