@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
+# where torch comes from: empty (the default) means pip's own configuration; on a CPU-only machine whose pip reaches
+# the public index, `make venv TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu` avoids its CUDA packages
+TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (0: no workers, one process). The suite mostly waits on subprocesses, sandboxes
 # and evaluations, so more workers than cores pay: on 2 cores (shared with other work) 4 workers took 10.1 min where 3
@@ -16,7 +19,7 @@ $(STAMP): pyproject.toml plugins/mlgym-registry-example/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch first, so that nothing later reaches for a multi-GB CUDA build
-	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PY) -m pip install --quiet -e '.[test]' -e plugins/mlgym-registry-example
 	touch $(STAMP)
 

@@ -82,3 +82,10 @@ def test_run_and_info_take_a_task_file_and_write_files_readable_as_the_umask_say
 
     for name in ("prisonersDilemma.traj", "results.json"):  # the command inherits this process's umask
         assert (out / name).stat().st_mode & 0o777 == 0o666 & ~current_umask()
+
+
+def test_the_scripted_policy_says_when_it_has_no_plan_for_the_task(tmp_path):
+    result = run_cli("run", "capitals", "--policy", "scripted", "--out", str(tmp_path / "run"), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "the scripted policy has no plan for task 'capitals'" in result.stderr
+    assert "prisonersDilemma" in result.stderr  # where it does have one

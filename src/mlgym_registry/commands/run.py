@@ -251,6 +251,9 @@ def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = N
     stream = stream or sys.stdout
     policy = make_policy(policy_text(args), task_id=spec.id)
     writer = TrajectoryWriter(out, spec.id, baseline=spec.baseline, environment=f"mlgym_registry:{spec.backend}")
+    notice = getattr(policy, "notice", None)
+    if callable(notice) and notice(spec.id):
+        print(f"mlgym-registry run: note: {printable(notice(spec.id))}", file=sys.stderr)
     if not args.quiet:
         stream.write(f"task {spec.id} on backend {spec.backend!r}, up to {spec.max_steps} steps, policy "
                      f"{printable(args.policy)}; recording to {writer.traj_path}\n")

@@ -385,9 +385,10 @@ def plot_profiles(board: Leaderboard, path: Path) -> Path:
     matplotlib."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(11, 4.5))
-    figure.subplots_adjust(left=0.06, right=0.99, bottom=0.12, top=0.93, wspace=0.05)
+    figure.subplots_adjust(left=0.07, right=0.99, bottom=0.12, top=0.92, wspace=0.12)
     axes = figure.subplots(1, 2, sharey=True)
     palette = colormaps["tab10" if len(board.models) <= 10 else "tab20"]
     styles = {name: {"color": palette(index % palette.N)} for index, name in enumerate(board.models)}
@@ -398,10 +399,12 @@ def plot_profiles(board: Leaderboard, path: Path) -> Path:
     ):
         for name in board.solvers:
             ax.step(board.taus, profiles[name], where="post", label=name, linewidth=1.4, **styles[name])
-        ax.set_title(f"{title} ({len(board.tasks)} tasks)")
+        count = len(board.tasks)
+        ax.set_title(f"{title} ({count} task{'' if count == 1 else 's'})")
         ax.set_xlabel("τ (log10 of the performance ratio)")
         ax.set_xlim(0, float(board.taus[-1]))
-        ax.set_ylim(-0.02, 1.02)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6, prune="upper"))  # the panels' end labels would collide
+        ax.set_ylim(-0.04, 1.08)  # a profile that reaches 1.0 is drawn inside the frame, not on it
         ax.grid(True, linestyle=":", alpha=0.6)
     axes[0].set_ylabel("share of tasks with ratio ≤ 10^τ")
     axes[1].legend(loc="lower right", fontsize="small")

@@ -56,6 +56,16 @@ class ScriptedPolicy(Policy):
                     pass
         self._plan = None
 
+    def notice(self, task_id: str) -> str | None:
+        """What a person running this policy on ``task_id`` should know first: that it has no plan for the task (it
+        only validates and submits the starter code); None when it has one."""
+        if playbook_for(task_id) is not None:
+            return None
+        from .playbooks import PLAYBOOKS
+
+        return (f"the scripted policy has no plan for task {task_id!r}: it lists the files, validates the starter code "
+                f"and submits it (it has plans for {', '.join(sorted(PLAYBOOKS))})")
+
     def say(self, discussion: str, command: str) -> str:
         """A response with ``discussion`` and ``command`` in the parser's format (``in_format``)."""
         return in_format(self.parser, discussion, command)
