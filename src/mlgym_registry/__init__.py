@@ -3,14 +3,15 @@
     from mlgym_registry import registry
     env = registry.make("prisonersDilemma")
 
-Importing this package is cheap: torch, torchrl and tensordict load only when an env is built.
+Importing this package is cheap: torch, torchrl and tensordict load only when an env is built. It registers every
+task in Gymnasium as ``mlgym_registry/<task>`` once Gymnasium is imported (``gym_registration``), so
+``gymnasium.make("mlgym_registry/prisonersDilemma")`` works too (``gym_env``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .environments import prepare
 from .errors import (
     BackendUnavailable,
     ComponentOutputError,
@@ -28,6 +29,7 @@ from .errors import (
     UnknownNameError,
 )
 from .hookspecs import hookimpl
+from .preparation import prepare
 from .registry import Registry, registry
 from .specs import ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
 
@@ -69,3 +71,8 @@ def make(name: Any = None, **kwargs: Any):
 def spec(name: Any) -> TaskSpec:
     """Shorthand for ``registry.spec``."""
     return registry.spec(name)
+
+
+from .gym_registration import install_hook as _install_gymnasium_hook  # noqa: E402 - once the package is complete
+
+_install_gymnasium_hook()

@@ -29,11 +29,12 @@ def _for_caller(out: TensorDictBase) -> TensorDictBase:
 
 
 class ChainEnv(TransformedEnv):
-    """TorchRL's ``TransformedEnv`` over the chain, with two additions.
+    """TorchRL's ``TransformedEnv`` over the chain, with three additions.
 
     - A tensordict that was already stepped is refused before anything runs (``EnvMisuseError`` naming
       ``env.step_mdp``): without it the backend runs the command, and tensordict then fails with an error about lazy
       batch sizes.
+    - It is a context manager: ``with registry.make(...) as env:`` closes it, and its backend, on the way out.
     - In TorchRL's ``AsyncEnvPool`` (``transforms/pools.py``): what the env returns to the pool stacks with the pool's
       default ``stack="dense"`` whatever each env's conversation length, and a threading pool closes its envs.
     """
@@ -43,6 +44,13 @@ class ChainEnv(TransformedEnv):
         pool = constructing_pool()
         if pool is not None:
             adopt_pool(pool)
+
+    def __enter__(self) -> ChainEnv:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        """``with registry.make(...) as env:`` closes the env (and its backend) on the way out."""
+        self.close(raise_if_closed=False)
 
     def step(self, tensordict: TensorDictBase) -> TensorDictBase:
         """``TransformedEnv.step``, after checking that ``tensordict`` is a step's input, not its output."""
