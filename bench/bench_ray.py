@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from mlgym_registry.parallel import run_episodes
+from mlgym_registry.episode_runs import run_episodes
 from mlgym_registry.ray_runtime import ray_session
 
 

@@ -112,7 +112,7 @@ def test_run_parallel_plays_each_env_to_the_end(tmp_path):
 
 
 def test_run_episodes_refuses_an_unknown_engine_and_ray_options_without_ray():
-    from mlgym_registry.parallel import run_episodes
+    from mlgym_registry.episode_runs import run_episodes
     from mlgym_registry.validation import InvalidOptionError
 
     with pytest.raises(InvalidOptionError, match="engine='threads' is not one of process, ray"):

@@ -112,7 +112,7 @@ import json, time
 import ray
 from ray.cluster_utils import Cluster
 from mlgym_registry import registry
-from mlgym_registry.parallel import run_episodes
+from mlgym_registry.episode_runs import run_episodes
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
 worker_node = cluster.add_node(num_cpus=1)

@@ -323,19 +323,6 @@ def load_task(task: TaskSpec | str | os.PathLike[str]) -> TaskSpec:
 
 
 # -- preparing an environment --------------------------------------------------------------------------------------
-def prepare(task: TaskSpec | str | os.PathLike[str], *, force: bool = False, pip_args: Sequence[str] = (),
-            data_dir: str | None = None, echo: Echo = print) -> Path:
-    """Make a task ready to run offline: its Python environment (``prepare_environment``), then its data when it has
-    a recipe for it (``mlgym_registry.datasets.prepare_data``, run with that environment's interpreter, into
-    ``data_dir`` or the first data folder). Returns the task's interpreter. What ``mlgym-registry prepare`` runs."""
-    from .datasets import prepare_data
-
-    spec = load_task(task)
-    python = prepare_environment(spec, force=force, pip_args=pip_args, echo=echo)
-    prepare_data(spec, str(python), data_dir, force=force, echo=echo)
-    return python
-
-
 def prepare_environment(task: TaskSpec | str | os.PathLike[str], *, force: bool = False,
                         pip_args: Sequence[str] = (), echo: Echo = print) -> Path:
     """Make sure the packages ``task`` (a registered name, a task YAML file or a ``TaskSpec``) declares are at hand,

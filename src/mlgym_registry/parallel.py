@@ -15,25 +15,19 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from torchrl.data import Composite, NonTensor
-from torchrl.envs import Transform
 
+from .env_factory import INFO_KEY, WORKER_KEY, EnvFactory
 from .episode import EpisodeResult, Turn, parse_turn, text_at
+from .episode_folders import FolderName, episode_folder
 from .policies.base import PolicyError
 from .specs import TaskSpec
 from .trajectories import TrajectoryWriter
-
-INFO_KEY = "backend_info"
-"""Where ``RecordInfo`` puts the backend's ``info`` of each step (as JSON text) for the main process to read."""
-
-WORKER_KEY = "env_index"
-"""Where ``RecordInfo`` puts the index of the env (one per worker) a step comes from."""
 
 STATS_KEY = "policy_stats"
 CALL_STATS_KEY = "_last_call"
@@ -54,106 +48,6 @@ between two steps, so this is also about the longest an idle worker delays it.""
 
 GAVE_UP_RESPONSE = "DISCUSSION\nThe model could not be reached.\n```\nexit_api\n```"
 """What ``TextPolicy`` answers when its policy gave up (``PolicyError``): MLGym's ``exit_api``, which autosubmits."""
-
-FolderName = Callable[[int, int], str]
-"""``folders(env_index, episode_number)``: the folder (under ``out``) of that env's episode."""
-
-
-def episode_folder(index: int, number: int, episodes_per_env: int, folders: FolderName | None = None) -> str:
-    """The folder of env ``index``'s episode ``number``: ``folders(index, number)`` when given, else ``env<i>`` (one
-    episode per env) or ``env<i>-<k>``."""
-    if folders is not None:
-        return folders(index, number)
-    return f"env{index}" if episodes_per_env == 1 else f"env{index}-{number}"
-
-
-class RecordInfo(Transform):
-    """Copies the backend's ``info`` of each step into the step's output, as JSON (workers cannot share objects),
-    with the index of the env it comes from."""
-
-    def __init__(self, index: int = 0):
-        super().__init__()
-        self.index = index
-
-    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        tensordict_reset.set(INFO_KEY, "")
-        tensordict_reset.set(WORKER_KEY, str(self.index))
-        return tensordict_reset
-
-    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        info = self.parent.base_env.last_info
-        next_tensordict.set(INFO_KEY, "" if info is None else json.dumps(info, default=str))
-        next_tensordict.set(WORKER_KEY, str(self.index))
-        return next_tensordict
-
-    def transform_observation_spec(self, observation_spec: Composite) -> Composite:
-        for key, example in ((INFO_KEY, "{}"), (WORKER_KEY, "0")):
-            observation_spec[key] = NonTensor(example_data=example, shape=observation_spec.shape,
-                                              device=observation_spec.device)
-        return observation_spec
-
-
-class SeedEachEpisode(Transform):
-    """Seeds the env before each of its resets: episode ``k`` gets ``seed + k * stride`` (with ``stride`` envs
-    playing side by side, env ``i`` started at ``seed + i`` gets the seeds Ray's runner gives it)."""
-
-    def __init__(self, seed: int, stride: int = 1):
-        super().__init__()
-        self.seed, self.stride, self.episodes = seed, stride, 0
-
-    def _reset_env_preprocess(self, tensordict: TensorDictBase | None) -> TensorDictBase | None:
-        self.parent.base_env.set_seed(self.seed + self.episodes * self.stride)
-        self.episodes += 1
-        return tensordict
-
-    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        return tensordict_reset
-
-
-@dataclass(frozen=True)
-class EnvFactory:
-    """Builds the env of a task spec in whatever process calls it: ``registry.make(TaskSpec.from_dict(spec))``.
-
-    ``spec`` is ``registry.spec(name).to_dict()``: it names its components by lazy reference, so a fresh worker
-    builds the same env even when the task or a component was registered in the parent process only.
-    """
-
-    spec: dict[str, Any]
-    options: dict[str, Any] = field(default_factory=dict)
-    record_info: bool = True
-    index: int = 0
-    seed: int | None = None
-    """When not None, the env's episode ``k`` is seeded ``seed + k * seed_stride`` (``SeedEachEpisode``)."""
-    seed_stride: int = 1
-
-    def __hash__(self) -> int:  # the fields are dicts: hash their JSON (ParallelEnv puts factories in a set)
-        return hash((json.dumps(self.spec, sort_keys=True, default=str),
-                     json.dumps(self.options, sort_keys=True, default=str), self.record_info, self.index, self.seed,
-                     self.seed_stride))
-
-    def __getstate__(self) -> dict[str, Any]:
-        from .registry import adopt_pool_being_built
-
-        adopt_pool_being_built()  # pickled for a multiprocessing AsyncEnvPool's worker: that pool must close it
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_spec(cls, spec: TaskSpec | str, **options: Any) -> EnvFactory:
-        """A factory for ``spec`` (a ``TaskSpec`` or a registered name)."""
-        from .registry import registry
-
-        return cls(registry.spec(spec).to_dict(), options)
-
-    def __call__(self) -> Any:
-        from .registry import registry
-
-        env = registry.make(TaskSpec.from_dict(self.spec), **self.options)
-        if self.record_info:
-            env.append_transform(RecordInfo(self.index))
-        if self.seed is not None:
-            env.append_transform(SeedEachEpisode(self.seed, self.seed_stride))
-        return env
-
 
 class TextPolicy(TensorDictModuleBase):
     """A TensorDict module around a text policy (``make_policy(text)``), built lazily in the process that runs it.
@@ -414,44 +308,3 @@ def _turn(frame: TensorDictBase, index: int, parser: Any, module: TextPolicy) ->
         format_error=format_error,
         info=json.loads(info_text) if info_text else None,
     )
-
-
-ENGINES = ("process", "ray")
-"""Where ``run_episodes`` plays: worker processes on this machine, or Ray actors on a cluster."""
-
-
-def run_episodes(
-    spec: TaskSpec | str,
-    policy: str,
-    num_envs: int,
-    *,
-    engine: str = "process",
-    address: str | None = None,
-    cpus_per_env: float | None = None,
-    out: Path | None = None,
-    seed: int | None = None,
-    on_step: Callable[[int, int], None] | None = None,
-    options: dict[str, Any] | None = None,
-    episodes_per_env: int = 1,
-    folders: FolderName | None = None,
-) -> list[EpisodeResult]:
-    """Play ``num_envs`` episodes at once and return their results in env order.
-
-    ``engine="process"`` plays them in worker processes on this machine (``run_parallel``); ``engine="ray"`` as Ray
-    actors, on the cluster at ``address`` or on a local runtime started for the run (``ray_episodes``), with
-    ``cpus_per_env`` CPUs asked per actor. Both write the same files under ``out``.
-    """
-    from .validation import InvalidOptionError
-
-    if engine == "ray":
-        from .ray_episodes import run_ray_episodes
-
-        return run_ray_episodes(spec, policy, num_envs, address=address, out=out, seed=seed, on_step=on_step,
-                                options=options, episodes_per_env=episodes_per_env, cpus_per_env=cpus_per_env,
-                                folders=folders)
-    if engine != "process":
-        raise InvalidOptionError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
-    if address is not None or cpus_per_env is not None:
-        raise InvalidOptionError("address= and cpus_per_env= are for engine='ray'; pass engine='ray' to use them")
-    return run_parallel(spec, policy, num_envs, out=out, seed=seed, on_step=on_step, options=options,
-                        episodes_per_env=episodes_per_env, folders=folders)

@@ -59,7 +59,8 @@ def policy_record(policy: Any) -> dict[str, Any]:
 
 def run_record(spec: TaskSpec, policy: Any, seed: int | None) -> dict[str, Any]:
     """The record of a run of ``spec`` by ``policy`` with ``seed``, started now (``ended`` is set at its end)."""
-    from .evaluation.settings import now, package_versions, task_hash
+    from .clock import now
+    from .evaluation.settings import package_versions, task_hash
 
     return {
         "task": {"name": spec.registered_as or spec.id, "id": spec.id, "hash": task_hash(spec),

@@ -41,8 +41,8 @@ from typing import Any
 from tensordict import TensorDictBase
 from torchrl.collectors.llm import RayLLMCollector
 
+from .env_factory import EnvFactory
 from .errors import MLGymRegistryError
-from .parallel import EnvFactory
 from .ray_runtime import RayConnectionError, import_ray, ray_session
 from .specs import TaskSpec
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .episode import EpisodePlayer, EpisodeResult, Turn
-from .parallel import FolderName, episode_folder
+from .episode_folders import FolderName, episode_folder
 from .specs import TaskSpec
 from .trajectories import Step, TrajectoryWriter
 

@@ -347,7 +347,7 @@ class TrajectoryWriter:
 
     def _ended(self) -> None:
         if self.provenance is not None:
-            from .evaluation.settings import now
+            from .clock import now
 
             self.provenance["ended"] = now(precise=True)
 

@@ -35,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
 
 def prepare_task(task: str, *, force: bool = False, data_dir: str | None = None) -> None:
     """The task's environment, then its data (when it has a recipe for it)."""
-    from ..environments import prepare
+    from ..preparation import prepare
 
     prepare(task, force=force, data_dir=data_dir)
 

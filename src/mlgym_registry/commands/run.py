@@ -317,7 +317,7 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
 
         # the workers' server imports torch and TorchRL while this process does the same, on another core
         start_worker_server()
-    from ..parallel import run_episodes
+    from ..episode_runs import run_episodes
 
     if engine == "process":
         check_endpoint(policy_text(args))

@@ -15,12 +15,12 @@ import json
 import os
 import platform
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ..clock import now
 from ..errors import MLGymRegistryError
 from ..specs import TaskSpec
 
@@ -39,14 +39,6 @@ SAMPLING = ("temperature", "top_p", "max_tokens")
 
 class SettingsMismatch(MLGymRegistryError):
     """A resume asked for other settings than the suite folder was made with."""
-
-
-def now(precise: bool = False) -> str:
-    """The current time, ISO 8601 in UTC to the second (to the millisecond when ``precise``: runs played at once
-    start and end within seconds of each other)."""
-    if precise:
-        return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
 def public_endpoint(url: str | None) -> str | None:

@@ -160,9 +160,9 @@ def play(
     ``"process"`` ``num_envs`` worker processes, started once for the suite, play them: each worker takes the next
     pending run (of whichever task) as soon as it is done with one, so ``num_envs`` runs are always going until
     fewer are left (``_play_pooled``). With ``engine`` ``"ray"`` they are played ``num_envs`` at a time, one task at a
-    time, through ``parallel.run_episodes``. However it is played, run ``k`` is seeded ``seed + k`` and a policy that
-    gives up (``PolicyError``: the API failed) ends only its run, with MLGym's ``exit_api``, and the suite goes on. A
-    run about to be played again loses what its folder held. With ``record`` (the suite's settings record,
+    time, through ``episode_runs.run_episodes``. However it is played, run ``k`` is seeded ``seed + k`` and a policy
+    that gives up (``PolicyError``: the API failed) ends only its run, with MLGym's ``exit_api``, and the suite goes
+    on. A run about to be played again loses what its folder held. With ``record`` (the suite's settings record,
     ``settings.start_suite``) each run's folder gets its ``settings.json``.
     """
     pending = [run for run in runs if not run.finished]
@@ -481,7 +481,7 @@ def _play_batches(pending: Sequence[SuiteRun], policy: str, num_envs: int, addre
 def _play_many(group: list[SuiteRun], policy: str, engine: str, address: str | None, seed: int | None,
                options: dict[str, Any] | None, progress: SuiteProgress,
                on_progress: ProgressCallback | None) -> list[EpisodeResult]:
-    from ..parallel import run_episodes
+    from ..episode_runs import run_episodes
 
     out = group[0].folder.parent
     steps_before = progress.steps
