@@ -241,3 +241,17 @@ def pytest_configure(config):
     if xdist_worker() is None:  # the controller (or a session without workers) gets every test's report
         workers = getattr(config.option, "numprocesses", None) or 1
         config.pluginmanager.register(TimeTable(workers), "mlgym-registry-time-table")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """``transformers serve`` over the tiny model (``TinyServer`` of ``test_openai_policy``), one per test module."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from test_openai_policy import TinyServer
+
+    server = TinyServer(tmp_path_factory.mktemp("serve"))
+    try:
+        yield server.wait()
+    finally:
+        server.stop()

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_openai_policy import MODEL, Endpoint, TinyServer, completion
+from test_openai_policy import MODEL, Endpoint, completion
 
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.evaluation.report import build_report
@@ -35,18 +35,6 @@ def read_json(path: Path) -> dict:
 
 def csv_rows(path: Path) -> list[dict[str, str]]:
     return list(csv.DictReader(path.open()))
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """``transformers serve`` over the tiny model."""
-    pytest.importorskip("fastapi")
-    pytest.importorskip("uvicorn")
-    server = TinyServer(tmp_path_factory.mktemp("serve"))
-    try:
-        yield server.wait()
-    finally:
-        server.stop()
 
 
 @pytest.mark.serve

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 from conftest import default_sigint
-from test_accounting import served  # noqa: F401 (the fixture: transformers serve over the tiny model)
 from test_openai_policy import MODEL, Endpoint, completion, error
 
 from mlgym_registry.cli import main as cli_main
@@ -173,7 +172,7 @@ def test_a_worker_that_dies_fails_only_its_run_and_is_replaced(tmp_path):
 
 @pytest.mark.serve
 @pytest.mark.slow
-def test_a_served_concurrent_suite_accounts_for_every_call(served, tmp_path, capsys):  # noqa: F811
+def test_a_served_concurrent_suite_accounts_for_every_call(served, tmp_path, capsys):
     out = tmp_path / "suite"
     before = served.chat_requests()
     status = cli_main(["bench", *SUITE, "--runs", "2", "--num-envs", "2", "--out", str(out), "--policy",

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_openai_policy import MODEL, Endpoint, TinyServer, completion, error
+from test_openai_policy import MODEL, Endpoint, completion, error
 
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.evaluation.report import build_report
@@ -99,18 +99,6 @@ def test_empty_answers_and_answers_without_usage_are_counted():
         agent([{"role": "system", "content": "S"}, {"role": "user", "content": "T"}])
     stats = agent.stats()
     assert (stats["api_calls"], stats["empty_responses"], stats["missing_usage"]) == (2, 1, 1)
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """``transformers serve`` over the tiny model."""
-    pytest.importorskip("fastapi")
-    pytest.importorskip("uvicorn")
-    server = TinyServer(tmp_path_factory.mktemp("serve"))
-    try:
-        yield server.wait()
-    finally:
-        server.stop()
 
 
 @pytest.mark.serve

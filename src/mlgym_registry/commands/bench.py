@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -148,18 +147,13 @@ def interrupted(out: Path, record: dict, runs: list, finished_before: int, bar: 
 def interrupts_as_keyboard() -> Iterator[None]:
     """SIGTERM raises ``KeyboardInterrupt`` here, as Ctrl-C does, so both end the suite the same clean way."""
 
+    from .run import on_sigterm
+
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread
+    with on_sigterm(stop):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def open_record(args: argparse.Namespace, out: Path, policy: str, model: str, specs: list, engine: str | None) -> dict:

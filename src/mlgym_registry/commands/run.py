@@ -491,8 +491,16 @@ def terminate_as_exit():
     def stop(signum, frame):
         raise SystemExit(128 + signum)
 
+    with on_sigterm(stop):
+        yield
+
+
+@contextmanager
+def on_sigterm(handler):
+    """Call ``handler`` on SIGTERM while the block runs (the previous handler comes back after); a no-op outside
+    the main thread, where Python cannot set signal handlers."""
     try:
-        previous = signal.signal(signal.SIGTERM, stop)
+        previous = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
         yield
         return

@@ -288,15 +288,6 @@ def parser_tools(parser: Any) -> list[JsonSchema] | None:
     return list(tools) if tools else None
 
 
-def spec_tools(spec: Any) -> list[JsonSchema] | None:
-    """The tools of the parser a ``TaskSpec`` names, or None (no spec, or a text-language parser)."""
-    if spec is None or not getattr(spec, "parser", None):
-        return None
-    from ..registry import registry
-
-    return parser_tools(registry.component(spec, "parser"))
-
-
 def follow_up_roles(parser: Any, response: str) -> list[str]:
     """The roles of the messages that answer an assistant turn: one ``tool`` message per call when the parser calls
     tools natively and the turn holds readable calls, else one ``user`` message."""

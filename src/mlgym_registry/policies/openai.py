@@ -190,8 +190,6 @@ class OpenAIPolicy(Policy):
         """Start an episode: its usage counts from zero (``total_cost`` goes on) and the whole conversation is sent
         again."""
         self.usage = ModelStats(total_cost=self.usage.total_cost)
-        from ..components.tool_calling import spec_tools
-
         self.tools = spec_tools(spec)
         self._keep = None
         self._last_call = None
@@ -501,3 +499,14 @@ def retry_after(exc: Any) -> float | None:
             except (TypeError, ValueError):
                 return None
     return None
+
+
+def spec_tools(spec: Any) -> list[dict[str, Any]] | None:
+    """The tools of the parser a ``TaskSpec`` names (as the env resolves it), or None (no spec, or a text-language
+    parser): what the policy sends as ``tools``."""
+    if spec is None or not getattr(spec, "parser", None):
+        return None
+    from ..components.tool_calling import parser_tools
+    from ..registry import registry
+
+    return parser_tools(registry.component(spec, "parser"))
