@@ -30,6 +30,9 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("mlgym_registry.commands.bench", "play K runs of each task with a policy, in MLGym's layout (resumable)"),
     "prepare": ("mlgym_registry.commands.prepare",
                 "build the Python environment (and make the data) a task needs, once; --list shows them"),
+    "show": ("mlgym_registry.commands.show", "print a recorded .traj as a conversation: thoughts, actions, outputs"),
+    "serve": ("mlgym_registry.commands.serve",
+              "serve tasks to OpenEnv clients over WebSocket sessions (needs the openenv extra)"),
 }
 """Sub-commands that live in their own modules, each with ``add_arguments(parser)`` and ``main(args) -> int``.
 A module is imported only when its command is the one asked for, so ``list`` stays fast."""
