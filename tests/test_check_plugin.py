@@ -146,4 +146,5 @@ def test_a_plugin_that_fails_to_load_is_a_failure(fake_site):
     fake_site.add("unloadable-plugin", "unloadable_plugin", "raise ImportError('needs a missing package')\n")
     result = run_cli("check", "--plugin", "unloadable-plugin", env=fake_site.env())
     assert result.returncode == 1, result.stdout + result.stderr
-    assert re.search(r"^FAIL plugin +plugin: .*needs a missing package", result.stdout, re.MULTILINE)
+    assert re.search(r"^FAIL plugin +plugin \(distribution unloadable-plugin\): .*needs a missing package",
+                     result.stdout, re.MULTILINE)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import FormatError
+from .errors import ComponentOutputError, FormatError
 from .output_checks import checked_parser
 from .policies.base import Policy, PolicyExhausted
 from .specs import TaskSpec
@@ -257,7 +257,13 @@ class EpisodePlayer:
             # the sampled ids go with the text, so the env judges the reply by them (a reply cut by max_new_tokens)
             set_entry(self._td, layout.tokens_response,
                       torch.tensor(generation.response_tokens, dtype=torch.long).expand(*self._td.batch_size, -1))
-        td = self.env.step(self._td)
+        turns_before = self.base.turns
+        try:
+            td = self.env.step(self._td)
+        except ComponentOutputError as exc:
+            stepped = self.base.turns > turns_before
+            self._record_failed_step(response, state, time.monotonic() - started, stepped, exc)
+            raise
         elapsed = time.monotonic() - started
         after = td["next"]
         thought, action, observation, format_error = parse_turn(checked_parser(self.base.task), response, after,
@@ -316,6 +322,27 @@ class EpisodePlayer:
         # growing History: its lazy stacks differ in length from step to step)
         self._td = after.exclude(*self.env.reward_keys, *self.env.done_keys)
         return turn
+
+    def _record_failed_step(self, response: str, state: str, elapsed: float, stepped: bool,
+                            error: ComponentOutputError) -> None:
+        """Record the turn whose step a component failed, then end the episode as failed with the component's error:
+        the ``.traj`` keeps the step (the backend's observation and info when it had stepped, e.g. a reward that
+        raised on the submission) before the error surfaces."""
+        try:
+            thought, action = self.base.task.parser(response)
+        except Exception:  # noqa: BLE001 - the parser may be the component that failed
+            thought, action = response, ""
+        info = dict(self.base.last_info or {}) if stepped else None
+        observation = self.base.last_observation if stepped else ""
+        turn = Turn(index=len(self.result.turns), response=response, thought=thought, action=action,
+                    observation=observation, reward=0.0, done=stepped and self.base.ended is not None, state=state,
+                    execution_time=elapsed, info=info)
+        self.result.turns.append(turn)
+        if info is not None:
+            self.result.info = info
+        if self.writer is not None:
+            self.writer.step(turn.step(), info=self.result.info)
+        self._fail(str(error))
 
     def _policy_version(self, generation: Any) -> int | None:
         """The version of the policy that gave this turn: its generation's, the env's ``policy_version`` (TorchRL's

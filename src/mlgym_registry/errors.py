@@ -51,7 +51,8 @@ class DuplicateNameError(MLGymRegistryError):
 class PluginLoadError(MLGymRegistryError):
     """A plugin failed to import, or raised inside one of its hooks."""
 
-    def __init__(self, plugin: str, distribution: str | None, entry_point: str | None, cause: BaseException):
+    def __init__(self, plugin: str, distribution: str | None, entry_point: str | None, cause: BaseException,
+                 fix: str | None = None):
         self.plugin, self.distribution, self.entry_point, self.cause = plugin, distribution, entry_point, cause
         where = f"plugin {plugin!r}"
         if distribution:
@@ -61,10 +62,9 @@ class PluginLoadError(MLGymRegistryError):
         reason = f"{type(cause).__name__}: {str(cause).rstrip()}" if str(cause).strip() else type(cause).__name__
         if not reason.endswith((".", "!", "?")):  # the cause's own full stop ends the sentence; never add a second
             reason += "."
-        super().__init__(
-            f"Error loading {where}: {reason} Fix or uninstall that distribution, or block "
-            f"it with MLGYM_REGISTRY_BLOCK_PLUGINS={distribution or plugin}."
-        )
+        fix = fix or "Fix or uninstall that distribution, or block it"
+        super().__init__(f"Error loading {where}: {reason} {fix} with MLGYM_REGISTRY_BLOCK_PLUGINS="
+                         f"{distribution or plugin}.")
 
 
 class InvalidOverrideError(MLGymRegistryError, TypeError):
@@ -140,3 +140,14 @@ class ComponentOutputError(MLGymRegistryError):
             kind, name, origin, problem, contract, value
         )
         super().__init__(f"{self.LABELS.get(kind, kind)} {name!r} ({origin}) {problem}; {contract}")
+
+
+class ComponentRaisedError(ComponentOutputError):
+    """A component raised an exception where the chain called it (a reward assigner's ``KeyError``, a parser's
+    ``ValueError``...): one message naming the kind, the registered name, its distribution, the exception and the
+    fix; the component's exception is ``cause`` (and ``__cause__``). The episode loop records the step before it
+    lets this error out, so the ``.traj`` stays complete."""
+
+    def __init__(self, kind: str, name: str, origin: str, problem: str, contract: str, cause: BaseException):
+        super().__init__(kind, name, origin, problem, contract)
+        self.cause = cause

@@ -72,7 +72,11 @@ def score_starter(spec: TaskSpec, *, seed: int | None = None, timeout: float | N
 @dataclass
 class BaselineComparison:
     """A recorded baseline against fresh runs of the baseline: per metric, recorded and fresh values and whether
-    they agree within ``tolerance`` (relative) or the fresh runs' own noise (four standard deviations)."""
+    they agree within ``tolerance`` (relative) or the fresh runs' own noise (four standard deviations).
+
+    One run gives no noise estimate: a difference beyond ``tolerance`` is then ``unconfirmed`` (listed with how to
+    confirm it), not a mismatch, since a stochastic evaluator's single run differs from the recorded mean by its noise.
+    """
 
     recorded: dict[str, float]
     fresh: dict[str, list[float]]
@@ -80,6 +84,9 @@ class BaselineComparison:
     note: str | None = None
     lines: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
+    unconfirmed: list[str] = field(default_factory=list)
+    """Differences beyond ``tolerance`` seen in a single run, which cannot tell the evaluator's noise from a wrong
+    baseline; each line says that more runs give a noise estimate."""
 
     @property
     def reproduced(self) -> bool:
@@ -107,5 +114,18 @@ def compare_baseline(spec: TaskSpec, runs: list[dict[str, float]], *, tolerance:
         allowed = max(4 * spread, tolerance * max(abs(float(recorded)), 1e-9))
         line = (f"{metric}: recorded {float(recorded):.6g}, fresh {mean:.6g} +/- {spread:.2g} over {len(values)} "
                 f"run(s) (allowed difference {allowed:.2g})")
-        (result.lines if abs(float(recorded) - mean) <= allowed else result.mismatches).append(line)
+        if abs(float(recorded) - mean) <= allowed:
+            result.lines.append(line)
+        elif len(values) == 1:
+            result.unconfirmed.append(_single_run_note(line, tolerance))
+        else:
+            result.mismatches.append(line)
     return result
+
+
+def _single_run_note(line: str, tolerance: float) -> str:
+    """``line`` of a single run beyond ``tolerance``, saying why it is not judged and how to judge it."""
+    return (f"{line}: one run gives no noise estimate, so the difference was judged against the task's "
+            f"{BASELINE_TOLERANCE_KEY} ({tolerance:.2%}) only; run the evaluator several times (check --runs 3) "
+            f"to compare it with the evaluator's own spread, or declare a {BASELINE_TOLERANCE_KEY} that covers "
+            f"one run's noise")

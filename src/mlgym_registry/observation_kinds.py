@@ -41,6 +41,7 @@ KINDS = (
 _EXIT = re.compile(r"^(Exited \([a-z_]+\)|Skipped)$")
 _VALIDATE_ERRORS = (
     "Failed to decode metrics from evaluation script.",
+    "Evaluation failed: your code raised an exception",
     "Submission artefact not found.",
     "Error: Timeout reached while reading from subprocess.",
     "Error: the evaluation did not finish",

@@ -21,7 +21,7 @@ import math
 import numbers
 from typing import Any
 
-from .errors import ComponentOutputError
+from .errors import ComponentOutputError, ComponentRaisedError, FormatError
 
 ENABLED = True
 """Whether the chain checks component outputs. On by default; the benchmark turns it off to measure the cost."""
@@ -40,6 +40,18 @@ CONTRACTS = {
 }
 
 _MISSING = object()
+
+MUST = {
+    "parser": "a parser must return (thought, action), or raise FormatError when the response holds no action, and "
+              "raise nothing else",
+    "isolator": "an action isolator must return the action, or raise FormatError when the response holds no action, "
+                "and raise nothing else",
+    "reward": "a reward assigner must return a float for every step, never raise (read info['score'][-1] only when "
+              "info['evaluation_status'] == 'ok')",
+    "template": "a template set's templates must render with the placeholders the env gives each of them",
+    "history": "a history processor must return the messages the policy sees for every conversation, never raise",
+}
+"""What each kind must do instead of raising, for ``raised``'s message."""
 
 
 def short_repr(value: Any, limit: int = 80) -> str:
@@ -82,6 +94,38 @@ def fail(kind: str, task: Any, problem: str, contract: str, value: Any = None) -
     return ComponentOutputError(kind, name, origin(kind, name, task), problem, contract, value)
 
 
+def raised(kind: str, task: Any, exc: BaseException, during: str = "") -> ComponentRaisedError:
+    """The error of ``task``'s ``kind`` component that raised ``exc`` (``during`` says on what, e.g. " on a step
+    with exit_status 'submitted'"): it names the component, its distribution, the exception and the fix."""
+    name = str(getattr(getattr(task, "spec", None), kind, None) or "?")
+    check = f"`mlgym-registry check --kind {kind} {name}` runs the conformance kit on it"
+    return ComponentRaisedError(kind, name, origin(kind, name, task),
+                                f"raised {type(exc).__name__}: {_exception_text(exc)}{during}",
+                                f"{MUST[kind]}. Fix it; {check}", exc)
+
+
+def _exception_text(exc: BaseException, limit: int = 300) -> str:
+    """``exc``'s message on one line (a ``KeyError`` with a sentence shows the sentence, not its repr)."""
+    args = getattr(exc, "args", ())
+    text = args[0] if isinstance(exc, KeyError) and len(args) == 1 and isinstance(args[0], str) and " " in args[0] \
+        else str(exc)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def calling(kind: str, task: Any, call: Any, *args: Any, during: str = "") -> Any:
+    """``call(*args)``, with any exception but ``FormatError`` (a parser's or isolator's "no action") and another
+    component's ``ComponentOutputError`` turned into ``raised``'s error (the exception itself when checks are off)."""
+    if not ENABLED:
+        return call(*args)
+    try:
+        return call(*args)
+    except (FormatError, ComponentOutputError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever a component raises is reported as that component's
+        raise raised(kind, task, exc, during) from exc
+
+
 def returned(value: Any) -> str:
     return f"returned {short_repr(value)}"
 
@@ -108,7 +152,7 @@ class CheckedParser:
         self.parser, self.task = parser, task
 
     def __call__(self, response: str) -> tuple[str, str]:
-        return check_parser_output(self.parser(response), self.task)
+        return check_parser_output(calling("parser", self.task, self.parser, response), self.task)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.parser, name)
@@ -120,6 +164,13 @@ class CheckedParser:
 def checked_parser(task: Any) -> Any:
     """``task.parser``, wrapped so its outputs are checked (the parser itself when checks are off)."""
     return CheckedParser(task.parser, task) if ENABLED else task.parser
+
+
+def call_isolator(task: Any, response: str, parser: Any) -> str:
+    """``task.isolator(response, parser)``, its exceptions but ``FormatError`` reported as the isolator's (a parser's
+    own, raised through it, stay the parser's), its output checked when checks are on."""
+    action = calling("isolator", task, task.isolator, response, parser)
+    return check_isolator_output(action, task) if ENABLED else action
 
 
 def check_isolator_output(value: Any, task: Any) -> str:
@@ -216,7 +267,10 @@ def call_reward(task: Any, observation: str, info: dict) -> float:
     if not ENABLED:
         return float(task.reward(observation, info, task.spec))
     snapshot = info_snapshot(info)
-    value = task.reward(observation, info, task.spec)
+    during = (f" on a step with exit_status {info.get('exit_status')!r}, evaluation_status "
+              f"{info.get('evaluation_status')!r} and score {short_repr(info.get('score'), 60)}"
+              if isinstance(info, dict) else "")
+    value = calling("reward", task, task.reward, observation, info, task.spec, during=during)
     if snapshot is not None:
         change = info_change(info, snapshot)
         if change is not None:
@@ -225,6 +279,17 @@ def call_reward(task: Any, observation: str, info: dict) -> float:
 
 
 # -- template set ------------------------------------------------------------------------------------------------
+def render_template(task: Any, what: str, render: Any, *args: Any) -> str:
+    """``render(*args)`` of the template ``what``, whatever it raises (a placeholder the env does not give it, a bad
+    format spec) reported as the template set's error."""
+    return calling("template", task, render, *args, during=f" rendering its {what}")
+
+
+def call_history(task: Any, messages: list) -> Any:
+    """``task.history(messages)``, whatever it raises reported as the history processor's error."""
+    return calling("history", task, task.history, messages, during=f" on a conversation of {len(messages)} messages")
+
+
 def check_template_text(value: Any, task: Any, what: str) -> str:
     """``value`` when it is a string; ``ComponentOutputError`` naming the template field ``what`` otherwise."""
     if isinstance(value, str):

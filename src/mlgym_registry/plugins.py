@@ -25,7 +25,7 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .errors import DuplicateNameError, PluginLoadError
+from .errors import DuplicateNameError, MLGymRegistryError, PluginLoadError
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "mlgym_registry.components.plugin",
@@ -81,10 +81,13 @@ class PluginInfo:
     error: str | None = None
     replaces: list[str] = field(default_factory=list)
     """One line per name this plugin took over with ``replace=True``, naming the provider it replaced."""
+    refused: list[str] = field(default_factory=list)
+    """One line per name refused because a built-in component holds it (the plugin's other names loaded)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {**self.__dict__, "hooks": list(self.hooks), "replaces": list(self.replaces)}
+        return {**self.__dict__, "hooks": list(self.hooks), "replaces": list(self.replaces),
+                "refused": list(self.refused)}
 
 
 def env_list(variable: str) -> set[str] | None:
@@ -121,17 +124,40 @@ def new_plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
+class BuiltinNameRefused(MLGymRegistryError):
+    """A plugin registered a name a built-in component holds, without ``replace=True``: that one name was refused,
+    the plugin's other components loaded. The message says how to rename it."""
+
+    def __init__(self, registration: Registration, builtin_plugin: str | None):
+        self.kind, self.name = registration.kind, registration.name
+        self.plugin, self.distribution = registration.plugin, registration.distribution
+        provider = f"distribution {self.distribution!r}" if self.distribution else f"plugin {self.plugin!r}"
+        prefix = (self.distribution or self.plugin or "my").replace("-", "_")
+        super().__init__(
+            f"{provider} registers {self.kind} {self.name!r}, a name the built-in plugin {builtin_plugin!r} "
+            f"({BUILTIN_DISTRIBUTION}) holds: that {self.kind} was refused, the plugin's other components loaded. "
+            f"Rename yours: register({prefix + '_' + self.name!r}, ...) in the plugin's {HOOKS_BY_KIND[self.kind]} "
+            f"hook, and use that name in your tasks; or pass "
+            f"replace=True to take over the built-in {self.name!r} on purpose."
+        )
+
+
 class PluginLoader:
     """Loads plugins into a pluggy manager and hands their registrations to ``sink``.
 
-    ``sink(registrations)`` stores all of one plugin's registrations or none of them: it raises
-    ``DuplicateNameError`` (storing nothing) when a name is taken, and returns one line per name taken over with
-    ``replace=True``, naming the provider replaced.
+    ``screen(registrations)`` (optional) returns the registrations to store and the ``BuiltinNameRefused`` of each
+    that takes a built-in name without ``replace=True``; in strict mode it is not called, so such a name fails the
+    plugin. ``sink(registrations)`` then stores all of them or none: it raises ``DuplicateNameError`` (storing
+    nothing) when a name is taken, and returns one line per name taken over with ``replace=True``, naming the
+    provider replaced.
     """
 
-    def __init__(self, sink: Callable[[list[Registration]], list[str]]):
+    def __init__(self, sink: Callable[[list[Registration]], list[str]],
+                 screen: Callable[[list[Registration]], tuple[list[Registration], list[BuiltinNameRefused]]]
+                 | None = None):
         self.pm = new_plugin_manager()
         self.sink = sink
+        self.screen = screen
         self.infos: list[PluginInfo] = []
         self.errors: list[PluginLoadError] = []
 
@@ -165,22 +191,34 @@ class PluginLoader:
     def _load(self, info: PluginInfo, importer: Callable[[], object]) -> None:
         self.infos.append(info)
         plugin = None
+        fix = None
         try:
-            plugin = importer()
+            try:
+                plugin = importer()
+            except Exception as exc:  # noqa: BLE001 - re-raised, with the fix when the entry point is misspelt
+                fix = entry_point_fix(info) if _misspelt_entry_point(info, exc) else None
+                raise
             if self.pm.is_registered(plugin):
                 info.error = "already registered under another name"
                 return
             self.pm.register(plugin, name=f"{info.distribution}:{info.name}")
             pending = self._collect(plugin, info)
+            refused: list[BuiltinNameRefused] = []
+            if self.screen is not None and not strict_mode():
+                pending, refused = self.screen(pending)
             replaced = self.sink(pending)  # all of the plugin's names, or none
         except Exception as exc:  # noqa: BLE001 - any failure of a plugin is that plugin's, not ours
             if plugin is not None and self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
-            self._fail(info, exc)
+            self._fail(info, exc, fix)
             return
         for line in replaced:
             info.replaces.append(line)
             warnings.warn(line, PluginReplaceWarning, stacklevel=5)
+        for error in refused:
+            info.refused.append(str(error))
+            self.errors.append(error)
+            warnings.warn(str(error), PluginLoadWarning, stacklevel=5)
 
     def _collect(self, plugin: object, info: PluginInfo) -> list[Registration]:
         """Call each of ``plugin``'s hooks on its own and gather what it registers."""
@@ -199,12 +237,32 @@ class PluginLoader:
                 impl.function(**{arg: register for arg in impl.argnames})
         return pending
 
-    def _fail(self, info: PluginInfo, exc: Exception) -> None:
+    def _fail(self, info: PluginInfo, exc: Exception, fix: str | None = None) -> None:
         if strict_mode():
             raise exc if isinstance(exc, DuplicateNameError) else PluginLoadError(
-                info.name, info.distribution, info.entry_point, exc
+                info.name, info.distribution, info.entry_point, exc, fix
             ) from exc
-        error = PluginLoadError(info.name, info.distribution, info.entry_point, exc)
+        error = PluginLoadError(info.name, info.distribution, info.entry_point, exc, fix)
         info.error = str(error)
         self.errors.append(error)
         warnings.warn(str(error), PluginLoadWarning, stacklevel=6)
+
+
+def _misspelt_entry_point(info: PluginInfo, exc: Exception) -> bool:
+    """Whether loading ``info``'s entry point failed because the entry point itself names nothing (a misspelt
+    module or attribute), rather than because the module it names failed."""
+    if info.entry_point is None:
+        return False
+    value = info.entry_point.partition("=")[2].strip()
+    module_name, _, attr = value.partition(":")
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return module_name == exc.name or module_name.startswith(exc.name + ".")
+    return isinstance(exc, AttributeError) and bool(attr) and attr.split(".")[0] in str(exc)
+
+
+def entry_point_fix(info: PluginInfo) -> str:
+    """How to fix a misspelt entry point: where it is declared, and that the installed metadata must be renewed."""
+    return (f"The entry point {info.entry_point!r} names a module or attribute that does not exist: fix it in the "
+            f"distribution's pyproject.toml ([project.entry-points.mlgym_registry]) and reinstall the distribution "
+            f"(pip install -e PATH; entry points are read from the installed metadata, so an edit shows only after "
+            f"reinstalling), or block it")

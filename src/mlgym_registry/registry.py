@@ -7,6 +7,7 @@ Nothing here imports torch, torchrl or tensordict: listing and resolving names s
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib
 import inspect
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, MLGymRegistryError, UnknownNameError
-from .plugins import BUILTIN_DISTRIBUTION, PluginInfo, PluginLoader, Registration
+from .plugins import BUILTIN_DISTRIBUTION, BuiltinNameRefused, PluginInfo, PluginLoader, Registration
 from .specs import COMPONENT_KINDS, KINDS, ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
 from .validation import validate_overrides, validate_task_options
 
@@ -68,7 +69,7 @@ class Entry:
         """A one-line description: the registered one, or the first docstring line of an already-imported object."""
         text = self.meta.get("description")
         if not text and self.is_built and isinstance(self.built, TaskSpec):
-            text = self.built.name
+            text = str(self.built.extra.get("summary") or "") or self.built.name
         if not text and not isinstance(self.target, (str, Path)):
             text = inspect.getdoc(self.target) or ""
         return (text or "").strip().splitlines()[0] if text and text.strip() else ""
@@ -85,9 +86,11 @@ class ComponentImportError(MLGymRegistryError, ImportError):
         detail = f"{type(cause).__name__}: {cause}"
         if isinstance(cause, SyntaxError) and cause.filename:
             detail = f"SyntaxError: {cause.msg} ({cause.filename}, line {cause.lineno})"
-        fix = "Fix that module"
-        if entry.distribution:
-            fix += f", or uninstall or block its distribution (MLGYM_REGISTRY_BLOCK_PLUGINS={entry.distribution})"
+        fix = reference_fix(reference, cause)
+        if fix is None:
+            fix = "Fix that module"
+            if entry.distribution:
+                fix += f", or uninstall or block its distribution (MLGYM_REGISTRY_BLOCK_PLUGINS={entry.distribution})"
         super().__init__(
             f"cannot import {entry.kind} {entry.name!r} registered by {provider} as {reference!r}: module "
             f"{module!r} failed with {detail}. {fix}.",
@@ -122,6 +125,45 @@ def _restore_error(cls: type[BaseException], args: tuple[Any, ...], state: dict[
 
 class ComponentModuleNotFoundError(ComponentImportError, ModuleNotFoundError):
     """A ``ComponentImportError`` whose module (or one it imports) is not installed."""
+
+
+def reference_fix(reference: str, cause: BaseException) -> str | None:
+    """How to fix a lazy ``"module:attr"`` reference that names a module or attribute that does not exist (with the
+    closest existing names), or None when the reference is right and the module itself failed."""
+    module_name, _, attr_path = reference.partition(":")
+    where = f"Fix the registration string {reference!r} in the plugin's register_* hook"
+    if isinstance(cause, ModuleNotFoundError) and cause.name and (
+            module_name == cause.name or module_name.startswith(cause.name + ".")):
+        close = _close_modules(cause.name)
+        hint = f" (did you mean {' or '.join(repr(name) for name in close)}?)" if close else ""
+        return (f"{where}: no module {cause.name!r} is importable{hint}, or install the package that provides it")
+    if isinstance(cause, AttributeError) and attr_path:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # noqa: BLE001 - then the attribute is not the problem
+            return None
+        first = attr_path.split(".")[0]
+        if hasattr(module, first):
+            return None
+        close = difflib.get_close_matches(first, [n for n in dir(module) if not n.startswith("_")], n=3)
+        hint = (f" (did you mean {' or '.join(repr(f'{module_name}:{name}') for name in close)}?)" if close else "")
+        return f"{where}: module {module_name!r} has no attribute {first!r}{hint}"
+    return None
+
+
+def _close_modules(missing: str) -> list[str]:
+    """Importable module names close to ``missing``: submodules of its existing parent package, or top-level
+    modules."""
+    import pkgutil
+
+    parent, _, leaf = missing.rpartition(".")
+    try:
+        path = importlib.import_module(parent).__path__ if parent else None
+    except Exception:  # noqa: BLE001 - a parent that does not import gives no candidates of its own
+        return []
+    names = [info.name for info in pkgutil.iter_modules(path)]
+    close = difflib.get_close_matches(leaf, names, n=3)
+    return [f"{parent}.{name}" if parent else name for name in close]
 
 
 def reference_of(obj: Any) -> str | None:
@@ -218,7 +260,7 @@ class Registry:
         with self._lock:
             if self._loader is not None:
                 return
-            loader = PluginLoader(self._store_all)
+            loader = PluginLoader(self._store_all, self._refuse_builtin_names)
             self._loader = loader
             if self._load_plugins:
                 try:
@@ -270,6 +312,20 @@ class Registry:
                 )
             self._store(reg)
         return replaced
+
+    def _refuse_builtin_names(self, registrations: list[Registration]
+                              ) -> tuple[list[Registration], list[BuiltinNameRefused]]:
+        """The registrations to store, and the refusal of each that takes a built-in name without ``replace=True``
+        (only that name is refused, not the plugin)."""
+        kept, refused = [], []
+        for reg in registrations:
+            existing = self._entries.get(reg.kind, {}).get(reg.name)
+            builtin = existing is not None and existing.distribution == BUILTIN_DISTRIBUTION
+            if builtin and not reg.meta.get("replace") and reg.distribution != BUILTIN_DISTRIBUTION:
+                refused.append(BuiltinNameRefused(reg, existing.plugin))
+            else:
+                kept.append(reg)
+        return kept, refused
 
     @staticmethod
     def _check_kind(kind: str) -> None:
@@ -409,7 +465,7 @@ class Registry:
         changes = {k: overrides.pop(k) for k in list(overrides) if k in COMPONENT_KINDS + SPEC_OVERRIDES}
         if changes:
             spec = self._with_component_refs(spec.replace(**{**changes, "components": {}}))
-        backend_factory = self.component(spec, "backend")
+        backend_factory = self._task_component(spec, "backend")
         backend_options = {**spec.backend_options, **overrides.pop("backend_options", {})}
         accepted = backend_option_names(backend_factory)
         chain_options = {k: overrides.pop(k) for k in list(overrides) if k in CHAIN_OPTIONS}
@@ -429,17 +485,23 @@ class Registry:
         check_task = getattr(backend_factory, "check_task", None)
         if callable(check_task):  # so can one that cannot serve this task (its data or packages are missing)
             check_task(spec, **backend_options)
-        resolved = ResolvedTask(
-            spec=spec,
-            backend_factory=backend_factory,
-            parser=self.component(spec, "parser"),
-            template=self.component(spec, "template"),
-            reward=self.component(spec, "reward"),
-            isolator=self.component(spec, "isolator"),
-            history=self.component(spec, "history"),
-            backend_options=backend_options,
-        )
+        components = {kind: self._task_component(spec, kind) for kind in COMPONENT_KINDS if kind != "backend"}
+        resolved = ResolvedTask(spec=spec, backend_factory=backend_factory, backend_options=backend_options,
+                                **components)
         return resolved, chain_options
+
+    def _task_component(self, spec: TaskSpec, kind: str) -> Any:
+        """``component(spec, kind)``; an unknown name says which task names it, and where to fix it."""
+        try:
+            return self.component(spec, kind)
+        except UnknownNameError as exc:
+            if exc.kind != kind or exc.name != getattr(spec, kind):
+                raise
+            named = spec.registered_as or spec.id
+            where = f" ({spec.source})" if spec.source and spec.source != str(Path(named).resolve()) else ""
+            hint = (f"Task {named!r}{where} names {kind} {exc.name!r}: fix its '{kind}:' "
+                    f"field or the {kind}= override, or install the plugin that registers it.")
+            raise UnknownNameError(kind, exc.name, exc.known, hint) from None
 
     def make(
         self,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,13 @@ from .errors import InvalidTaskError
 
 COMPONENT_KINDS = ("backend", "parser", "template", "reward", "isolator", "history")
 KINDS = ("task",) + COMPONENT_KINDS
+TASK_ENTRYPOINTS = ("PythonSubmissionTasks", "CSVSubmissionTasks", "ModelSubmissionTasks", "LMSubmissionTasks")
+"""MLGym's task classes, the values ``task_entrypoint`` may take."""
+
+
+class TaskFieldWarning(UserWarning):
+    """A task file key that is no field of a task but close to one (``starter_cod``): probably misspelt. It is kept
+    in ``extra`` like any other unknown key, so the field it was meant for keeps its default."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +197,23 @@ def load_task_yaml(path: str | Path, *, root: str | Path | None = None, **defaul
         merged["requirements"] = [str(item) for item in merged["requirements"]]
     spec = TaskSpec.from_dict(merged)
     _check_types(spec, path)
+    for key, field_name in misspelt_fields(spec).items():
+        warnings.warn(misspelt_field_message(str(path), key, field_name), TaskFieldWarning, stacklevel=2)
     return spec
+
+
+def misspelt_fields(spec: TaskSpec) -> dict[str, str]:
+    """The keys of ``spec.extra`` that are close to a field of ``TaskSpec`` (a misspelling, not a free-form extra),
+    each with the field it is close to. Other unknown keys are free-form extras and are not listed."""
+    known = [f.name for f in dataclasses.fields(TaskSpec) if f.name not in ("extra", "registered_as")]
+    close = {key: difflib.get_close_matches(key, known, n=1, cutoff=0.8) for key in spec.extra}
+    return {key: match[0] for key, match in close.items() if match}
+
+
+def misspelt_field_message(where: str, key: str, field_name: str) -> str:
+    """The warning for a task file key ``key`` that looks like the field ``field_name`` misspelt."""
+    return (f"task file {where!r}: unknown key {key!r}, kept as a free-form extra; did you mean {field_name!r}? "
+            f"Rename it to {field_name!r} (until then {field_name!r} keeps its default)")
 
 
 def _check_types(spec: TaskSpec, path: Path) -> None:

@@ -20,6 +20,7 @@ import math
 import shutil
 import string
 import subprocess
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ __all__ = [
     "isolator_responses",
     "registered_plugin",
     "run_evaluator",
+    "template_fields",
 ]
 
 
@@ -58,6 +60,12 @@ def _fail(what: str, why: str) -> None:
 
 
 def _name(obj: Any) -> str:
+    """How a message names ``obj``: a template set by its ``name``, a function or class by its qualified name, an
+    instance by its class's."""
+    from .components.template_set import TemplateSet
+
+    if isinstance(obj, TemplateSet):
+        return repr(obj.name)
     return getattr(obj, "__qualname__", None) or type(obj).__qualname__
 
 
@@ -147,6 +155,9 @@ def _parse(parser: Callable[[str], Any], response: str, what: str) -> tuple[str,
 
 # -- reward assigners --------------------------------------------------------------------------------------------
 def _reward_cases(spec: TaskSpec) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every kind of step the env hands a reward: each exit status the backends produce (``""``, ``submitted``,
+    ``skipped``, ``exit_forfeit``, the autosubmissions, MLGym's failed-evaluation exits) with each evaluation status
+    (``ok``, ``invalid_submission``, ``agent_error``, ``infra_error``, none), with and without earlier scores."""
     from .backends.protocol import (
         AGENT_ERROR,
         EVALUATION_OK,
@@ -157,12 +168,13 @@ def _reward_cases(spec: TaskSpec) -> list[tuple[str, str, dict[str, Any]]]:
         new_info,
     )
 
-    def step_info(status: str = "", exit_status: str = "", scores: list | None = None) -> dict[str, Any]:
+    def step_info(status: str = "", exit_status: str = "", scores: list | None = None,
+                  earlier: tuple[str, ...] = ()) -> dict[str, Any]:
         """The info the env hands a reward: the backend's, with this step's evaluation status and the episode's."""
         info = new_info()
         info.update(exit_status=exit_status, score=list(scores or []))
         info[EVALUATION_STATUS_KEY] = status
-        info[EVALUATIONS_KEY] = [status] if status else []
+        info[EVALUATIONS_KEY] = [*earlier, status] if status else list(earlier)
         return info
 
     baseline = spec.baseline or {"Score": 1.0}
@@ -172,27 +184,59 @@ def _reward_cases(spec: TaskSpec) -> list[tuple[str, str, dict[str, Any]]]:
     submitted["submission"] = "target.py"
     validate_text = (f"Your code produced a valid submission artefact at /w/target.py.\nBaseline Score: {baseline}\n"
                      f"Evaluation Score: {better}")
-    return [
+    failed_text = "Failed to decode metrics from evaluation script. Output:\n---\nTraceback ...\n---"
+    not_found = "Submission artefact not found."
+    ok = (EVALUATION_OK,)
+    cases = [
         ("a plain observation", "file.txt\nstrategy.py", step_info()),
         ("an empty observation", "", step_info()),
         ("a validate observation", validate_text, validated),
         ("the final submit", "Exited (submit)", submitted),
         ("a format error", "Malformed edit command.", step_info()),
-        ("a failed validate (agent_error, no score yet)", "Failed to decode metrics from evaluation script.",
-         step_info(AGENT_ERROR)),
+        ("a failed validate (agent_error, no score yet)", failed_text, step_info(AGENT_ERROR)),
         ("a failed submit (invalid_submission, no score)", "Exited (submit)",
          step_info(INVALID_SUBMISSION, "evaluation_format_error (submit)")),
-        ("an infra_error validate", "Error: the evaluator could not start", step_info(INFRA_ERROR)),
+        ("a failed validate after a scored one (agent_error)", failed_text,
+         step_info(AGENT_ERROR, scores=[better], earlier=ok)),
+        ("a validate without the submission artefact (invalid_submission)", not_found,
+         step_info(INVALID_SUBMISSION)),
+        ("an infra_error validate", "Error: the evaluation did not finish", step_info(INFRA_ERROR)),
+        ("a validate that timed out (agent_error)", "Error: Timeout reached while reading from subprocess.",
+         step_info(AGENT_ERROR)),
         ("a skip", "Skipped", step_info(exit_status="skipped")),
+        ("a skip after a scored validate", "Skipped", step_info(exit_status="skipped", scores=[better], earlier=ok)),
         ("a forfeit", "Exited (exit_forfeit)", step_info(exit_status="exit_forfeit")),
-        ("the autosubmission after format errors", "Exited (exit_format)",
-         step_info(EVALUATION_OK, "autosubmission (exit_format)", [better])),
+        ("a forfeit after a scored validate", "Exited (exit_forfeit)",
+         step_info(exit_status="exit_forfeit", scores=[better], earlier=ok)),
     ]
+    for action in ("submit", "max_steps", "exit_format", "exit_context", "exit_cost", "exit_error", "exit_api"):
+        exited = f"Exited ({action})"
+        if action != "submit":
+            cases.append((f"the autosubmission ({action})", exited,
+                          step_info(EVALUATION_OK, f"autosubmission ({action})", [better])))
+        if action != "submit":  # (the failed submit without a score is among the first cases)
+            cases.append((f"a failed {action} (evaluation_format_error, no score)", exited,
+                          step_info(INVALID_SUBMISSION, f"evaluation_format_error ({action})")))
+        cases += [
+            (f"a failed {action} after a scored validate (evaluation_format_error)", exited,
+             step_info(INVALID_SUBMISSION, f"evaluation_format_error ({action})", [better], ok)),
+            (f"a {action} without the submission artefact (submission_not_found)", exited,
+             step_info(INVALID_SUBMISSION, f"submission_not_found ({action})")),
+            (f"a {action} with non-finite metrics (invalid_submission)", exited,
+             step_info(INVALID_SUBMISSION, f"invalid_submission ({action})")),
+            (f"a {action} that timed out (agent_error)", exited,
+             step_info(AGENT_ERROR, f"EvaluationTimeout, the evaluation ran out of time, ({action})")),
+            (f"a {action} the infrastructure failed (infra_error)", exited,
+             step_info(INFRA_ERROR, f"EvaluationUnsupported, the backend cannot evaluate this task, ({action})")),
+        ]
+    return cases
 
 
 def check_reward_assigner(reward: Callable[..., Any], spec: TaskSpec | None = None) -> None:
-    """Check ``reward(observation, info, spec) -> float`` on plain, empty, validate, submit and format-error steps,
-    failed and infra-failed evaluations (``info["score"]`` empty), skips, forfeits and the format-error autosubmission.
+    """Check ``reward(observation, info, spec) -> float`` on every kind of step the env produces (``_reward_cases``):
+    plain, empty, validate, submit and format-error steps; failed, timed-out and infra-failed evaluations (with and
+    without earlier scores: ``info["score"]`` need not hold this step's); skips and forfeits; every autosubmission and
+    every failed-evaluation exit status, for ``submit``, ``max_steps`` and each ``exit_*`` action.
 
     Each call must return a finite real number, leave ``info`` unchanged and give the same value when repeated.
     """
@@ -207,7 +251,10 @@ def check_reward_assigner(reward: Callable[..., Any], spec: TaskSpec | None = No
             try:
                 value = reward(observation, info, spec)
             except Exception as exc:  # noqa: BLE001 - reported as the failure
-                _fail(what, f"raised {type(exc).__name__}: {exc} on {label}; it must return a float for every step")
+                _fail(what, f"raised {type(exc).__name__}: {exc} on {label} (exit_status="
+                            f"{info['exit_status']!r}, evaluation_status={info['evaluation_status']!r}, score="
+                            f"{info['score']}); it must return a float for every step: read info['score'][-1] only "
+                            f"when info['evaluation_status'] == 'ok' (this step was scored)")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 _fail(what, f"returned {value!r} ({type(value).__name__}) on {label}; it must return a finite float")
             values.append(float(value))
@@ -227,25 +274,43 @@ STATE_FIELDS = {"open_file": "n/a", "working_dir": "/workspace"}
 TOOL_VARIABLES = {"WINDOW": "100", "OVERLAP": "2", "CURRENT_LINE": "0", "CURRENT_FILE": "", "SEARCH_RESULTS": "()",
                   "SEARCH_FILES": "()", "SEARCH_INDEX": "0"}
 """MLGym's default tool env variables: system templates may use any of them (``{WINDOW}`` in MLGym's)."""
+TURN_FIELDS = {**STATE_FIELDS, "current_step": 3, "remaining_steps": 7, "observation": "OBSERVATION-MARKER"}
+"""What the turn templates get besides every template's fields: the ``state`` command's fields, the step counts and
+the observation. The system template and the format-error text do not get them."""
+TURN_TEMPLATES = ("task_template", "strategy_template", "next_step_template", "next_step_no_output_template")
+"""The templates the env renders after a reset or a step, with ``TURN_FIELDS``."""
+
+
+def template_fields(spec: TaskSpec | None = None) -> dict[str, dict[str, Any]]:
+    """The placeholders the env passes to each template of a set, by template field (as the chain renders them:
+    ``transforms/reset_module.py``, ``transforms/state_to_message.py``): every template gets the task fields,
+    ``{command_docs}``, the tools' env variables and ``{format_instructions}``; the turn templates also get
+    ``TURN_FIELDS``; ``format_error_template`` gets ``{error}`` (the parser's ``FormatError`` text); the
+    ``demonstration_template`` (never rendered by the chain) gets ``{demonstration}``."""
+    spec = spec or _example_spec()
+    common = {**spec.to_dict(), "command_docs": "open <path>: open a file", **TOOL_VARIABLES,
+              "format_instructions": "Reply with one command."}
+    fields = {"system_template": common, "format_error_template": {**common, "error": "No command found."},
+              "demonstration_template": {"demonstration": "DEMO"}}
+    fields.update({name: {**common, **TURN_FIELDS} for name in TURN_TEMPLATES})
+    return fields
 
 
 def check_template(template: Any, spec: TaskSpec | None = None) -> None:
-    """Check a template set: a ``TemplateSet`` (or a zero-argument callable returning one) whose templates format
-    with MLGym's placeholders (and ``{format_instructions}``, the parser's reply format), and whose next-step template
-    shows the observation."""
+    """Check a template set: a ``TemplateSet`` (or a zero-argument callable returning one) each of whose templates
+    formats with exactly the placeholders the env passes to it (``template_fields``), and whose next-step template
+    shows the observation. ``format_error_template`` may use ``{error}``; a placeholder only the turn templates get
+    (``{working_dir}``, ``{observation}``...) fails in the system template (the env's ``reset`` would raise) and in
+    the format-error text (it would be sent as written)."""
     from .components.template_set import TemplateSet
 
-    what = f"template {_name(template)}"
     templates = template() if callable(template) and not isinstance(template, TemplateSet) else template
+    what = f"template set {_name(templates if isinstance(templates, TemplateSet) else template)}"
     if not isinstance(templates, TemplateSet):
         _fail(what, f"is a {type(templates).__name__}; register a TemplateSet or a zero-argument callable "
                     f"returning one")
-    spec = spec or _example_spec()
-    fields = {**spec.to_dict(), **STATE_FIELDS, "command_docs": "open <path>: open a file", **TOOL_VARIABLES,
-              "format_instructions": "Reply with one command.", "current_step": 3, "remaining_steps": 7,
-              "observation": "OBSERVATION-MARKER"}
-    for name in ("system_template", "task_template", "next_step_template", "next_step_no_output_template",
-                 "strategy_template", "demonstration_template", "format_error_template"):
+    fields = template_fields(spec)
+    for name, available in fields.items():
         text = getattr(templates, name)
         if text is None:
             if name in ("system_template", "task_template"):
@@ -253,12 +318,38 @@ def check_template(template: Any, spec: TaskSpec | None = None) -> None:
             continue
         if not isinstance(text, str):
             _fail(what, f"{name} is a {type(text).__name__}, not a str")
-        try:
-            string.Formatter().vformat(text, (), _Fields(fields, {"demonstration": "DEMO"}))
-        except (KeyError, IndexError, ValueError) as exc:
-            _fail(what, f"{name} does not format with MLGym's placeholders: {type(exc).__name__}: {exc}")
-    if "OBSERVATION-MARKER" not in templates.next_step.format_map(_Fields(fields, {})):
+        unknown = _unknown_placeholder(text, available, lenient=name == "format_error_template")
+        if unknown is not None:
+            _fail(what, _placeholder_problem(name, unknown, available))
+    if "OBSERVATION-MARKER" not in templates.next_step.format_map(_Fields(fields["next_step_template"], {})):
         _fail(what, "the next-step template does not show {observation}; the model would never see command output")
+
+
+def _unknown_placeholder(text: str, available: dict[str, Any], *, lenient: bool) -> str | None:
+    """The first placeholder of ``text`` that ``available`` lacks (None when all format). ``lenient`` is the
+    format-error text's rule: literal braces are sent as is, and only a placeholder another template gets counts."""
+    try:
+        string.Formatter().vformat(text, (), _Fields(available, {}))
+    except KeyError as exc:
+        name = str(exc.args[0]).removeprefix("unknown placeholder {").removesuffix("}")
+        if lenient and name not in TURN_FIELDS:
+            return None
+        return name
+    except (IndexError, ValueError, AttributeError) as exc:
+        return None if lenient else f"?{type(exc).__name__}: {exc}"
+    return None
+
+
+def _placeholder_problem(name: str, placeholder: str, available: dict[str, Any]) -> str:
+    """Why ``name`` fails to render with ``placeholder``, and which templates get it."""
+    if placeholder.startswith("?"):
+        return f"{name} is not a valid str.format template ({placeholder[1:]}); double literal braces: {{{{ }}}}"
+    if placeholder in TURN_FIELDS:
+        where = "would be sent as written" if name == "format_error_template" else "makes the env's reset fail"
+        return (f"{name} uses {{{placeholder}}}, which only the turn templates ({', '.join(TURN_TEMPLATES)}) get; "
+                f"it {where}. Move it to a turn template or remove it.")
+    return (f"{name} uses the unknown placeholder {{{placeholder}}}, which the env does not pass to it; it gets: "
+            f"{', '.join(sorted(available))}")
 
 
 class _Fields(dict):
@@ -511,6 +602,9 @@ class TaskCheck:
     notes: list[str] = field(default_factory=list)
     known_differences: list[str] = field(default_factory=list)
     """Baseline metrics that differ from the recorded ones for a cause the task states (its ``baseline_note``)."""
+    warnings: list[str] = field(default_factory=list)
+    """What is not a problem but deserves a look: a single run beyond the tolerance (no noise estimate), a key of
+    the task file that looks like a misspelt field."""
 
     @property
     def ok(self) -> bool:
@@ -530,6 +624,8 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
     """
     spec = _load_task(task)
     report = TaskCheck(spec)
+    report.problems.extend(_task_field_problems(spec))
+    report.warnings.extend(_misspelt_field_warnings(spec))
     missing = [path for path in spec.starter_code if not spec.resolve_path(path).exists()]
     if missing:
         report.problems.append(f"starter files missing: {missing} (resolved against {spec.root})")
@@ -553,6 +649,45 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
     return _conclude(report, raise_on_failure)
 
 
+def _task_field_problems(spec: TaskSpec) -> list[str]:
+    """What of the task's own fields breaks its episodes: an unknown ``task_entrypoint`` (every ``validate`` would
+    fail), an empty description (the prompt's TASK DESCRIPTION would be empty), a component name nothing registered
+    (``make`` would fail)."""
+    import difflib
+
+    from .registry import PATH_LOADERS, is_task_file, registry
+    from .specs import COMPONENT_KINDS, TASK_ENTRYPOINTS
+
+    problems = []
+    if spec.task_entrypoint not in TASK_ENTRYPOINTS:
+        close = difflib.get_close_matches(spec.task_entrypoint, TASK_ENTRYPOINTS, n=1, cutoff=0.6)
+        hint = f"Did you mean {close[0]!r}? " if close else ""
+        problems.append(f"task_entrypoint {spec.task_entrypoint!r} is not one of MLGym's task classes "
+                        f"({', '.join(TASK_ENTRYPOINTS)}), so no backend can evaluate the agent's work. {hint}Fix "
+                        f"'task_entrypoint:' in the task file")
+    if not str(spec.description or "").strip():
+        problems.append("description is empty: the prompt's TASK DESCRIPTION would show nothing; describe the task "
+                        "in 'description'")
+    for kind in COMPONENT_KINDS:
+        name = getattr(spec, kind)
+        if name in registry.names(kind) or (kind in PATH_LOADERS and is_task_file(name) and Path(name).is_file()):
+            continue
+        try:
+            registry.entry(kind, name)
+        except KeyError as exc:  # UnknownNameError, with its did-you-mean
+            problems.append(f"{exc} The task's '{kind}:' field names it: fix that name, or install the plugin that "
+                            f"registers {name!r} (`mlgym-registry list --kind {kind}` shows the registered ones)")
+    return problems
+
+
+def _misspelt_field_warnings(spec: TaskSpec) -> list[str]:
+    """A warning per key of the task file that looks like a misspelt field (``specs.misspelt_fields``)."""
+    from .specs import misspelt_field_message, misspelt_fields
+
+    where = spec.source or spec.id
+    return [misspelt_field_message(where, key, name) for key, name in misspelt_fields(spec).items()]
+
+
 def _metric_name_problems(spec: TaskSpec, metrics: dict[str, float] | None = None) -> list[str]:
     """Mismatches between the metric the task is rewarded on and its baseline (``metrics`` None) or what its
     evaluator printed (``metrics``): each would make every scored step an ``infra_error``."""
@@ -564,13 +699,15 @@ def _metric_name_problems(spec: TaskSpec, metrics: dict[str, float] | None = Non
 
 def _load_task(task: TaskSpec | str | Path) -> TaskSpec:
     from .registry import registry
-    from .specs import load_task_yaml
+    from .specs import TaskFieldWarning, load_task_yaml
 
     if isinstance(task, TaskSpec):
         return task
-    if isinstance(task, Path) or str(task).endswith((".yaml", ".yml")):
-        return load_task_yaml(task)
-    return registry.spec(str(task))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TaskFieldWarning)  # check_task reports them itself
+        if isinstance(task, Path) or str(task).endswith((".yaml", ".yml")):
+            return load_task_yaml(task)
+        return registry.spec(str(task))
 
 
 def _compare_baseline(report: TaskCheck) -> None:
@@ -582,6 +719,7 @@ def _compare_baseline(report: TaskCheck) -> None:
 
     comparison = compare_baseline(spec, [run.metrics for run in report.runs])
     report.notes.extend(comparison.lines)
+    report.warnings.extend(comparison.unconfirmed)
     if comparison.mismatches and comparison.note:
         report.known_differences.extend(f"{line}: {comparison.note}" for line in comparison.mismatches)
     else:
@@ -622,8 +760,11 @@ class ComponentCheck:
         return self.status != "FAIL"
 
     def line(self) -> str:
-        """One line for a terminal: ``ok   parser   tagged`` or ``FAIL reward   shaped: <reason>``."""
+        """One line for a terminal: ``ok   parser   tagged``, or ``FAIL reward   shaped (distribution my-dist):
+        <reason>`` (a failure names the distribution to fix)."""
         text = f"{self.status:<4} {self.kind:<8} {self.name}"
+        if self.status == "FAIL" and self.distribution:
+            text += f" (distribution {self.distribution})"
         return f"{text}: {self.reason}" if self.reason else text
 
 
@@ -688,7 +829,7 @@ def check_component(kind: str, name: str, *, registry: Any = None, parsers: list
 
 def _import_problem(entry: Any) -> str | None:
     """Why ``entry``'s lazy reference does not import (naming the module), or None when it does or has none."""
-    from .registry import import_reference, is_task_file
+    from .registry import import_reference, is_task_file, reference_fix
 
     target = entry.target
     if not isinstance(target, str) or (entry.kind == "task" and is_task_file(target)):
@@ -697,11 +838,14 @@ def _import_problem(entry: Any) -> str | None:
     try:
         importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - SyntaxError, ImportError, or whatever the module raises on import
-        return f"cannot import module {module_name!r} (registered as {target!r}): {type(exc).__name__}: {exc}"
+        fix = reference_fix(target, exc) or "fix that module"
+        return (f"cannot import module {module_name!r} (registered as {target!r}): {type(exc).__name__}: {exc}. "
+                f"{fix[0].upper()}{fix[1:]}")
     try:
         import_reference(target)
     except AttributeError as exc:
-        return f"module {module_name!r} has no attribute {attr!r} (registered as {target!r}): {exc}"
+        fix = reference_fix(target, exc) or f"{exc}"
+        return f"module {module_name!r} has no attribute {attr!r} (registered as {target!r}). {fix}"
     return None
 
 
@@ -745,6 +889,8 @@ def check_plugin(distribution: str, *, registry: Any = None, runs: int = 3) -> l
     dist = matches[0]
     results = [ComponentCheck("plugin", row["name"], dist, "FAIL", row["error"])
                for row in plugins if row["distribution"] == dist and row["error"]]
+    results += [ComponentCheck("plugin", row["name"], dist, "FAIL", refusal)
+                for row in plugins if row["distribution"] == dist for refusal in row.get("refused", ())]
     results += [check_component(row.kind, row.name, registry=registry, runs=runs)
                 for row in rows if row.distribution == dist]
     return results

@@ -50,6 +50,7 @@ def main(args: argparse.Namespace) -> int:
             "problems": report.problems,
             "notes": report.notes,
             "known_differences": report.known_differences,
+            "warnings": report.warnings,
         }, indent=2))
         return 0 if report.ok else 1
     print(f"task {report.spec.id} ({report.spec.source or 'registered in code'})")
@@ -60,6 +61,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"  baseline reproduced: {note}")
     for difference in report.known_differences:
         print(f"  baseline differs, known cause: {difference}")
+    for warning in report.warnings:
+        print(f"  WARNING: {warning}")
     for problem in report.problems:
         print(f"  PROBLEM: {problem}")
     print("OK" if report.ok else "FAILED")

@@ -5,7 +5,8 @@ way MLGym's agent does (reference bug #8). A ``FormatError`` sets ``retry`` (the
 error text for the format-error message and adds the ``reward_wrong_format`` penalty on that same step. The
 ``max_format_errors``-th format error in a row is not retried: as MLGym's agent does, the step sends the backend
 ``exit_format``, which ends the episode with an autosubmission (the penalty still applies). The parser's output (two
-strings) and the isolator's (a string) are checked on the way (``output_checks``: ``ComponentOutputError``).
+strings) and the isolator's (a string) are checked on the way, and what either raises but ``FormatError`` is reported as
+that component's (``output_checks``: ``ComponentOutputError``).
 
 Whatever the isolator, the response it reads and the action it returns are valid text: a lone surrogate a tokenizer
 produced (``"\\ud800"``) cannot be encoded for the shell, so it is replaced before it reaches the backend.
@@ -44,7 +45,8 @@ class ActionIsolator(ChainTransform):
         task = base.task
         try:
             # the parser is checked where the isolator calls it, the isolator's action right after (output_checks)
-            action = task.isolator(replace_lone_surrogates(response), output_checks.checked_parser(task))
+            action = output_checks.call_isolator(task, replace_lone_surrogates(response),
+                                                 output_checks.checked_parser(task))
         except FormatError as exc:
             base.format_errors += 1
             tensordict.set(FORMAT_ERROR_KEY, str(exc))
@@ -54,8 +56,6 @@ class ActionIsolator(ChainTransform):
             else:
                 tensordict.set(self.layout.retry, True)
             return tensordict
-        if output_checks.ENABLED:
-            output_checks.check_isolator_output(action, task)
         base.format_errors = 0
         tensordict.set(self.layout.retry, False)
         tensordict.set(self.layout.action, replace_lone_surrogates(action) if isinstance(action, str) else action)

@@ -101,6 +101,8 @@ class BackendEnv(EnvBase):
         self.tools: ToolSet | None = None
         self.fields: dict[str, Any] | None = None
         self.last_info: dict[str, Any] | None = None
+        self.last_observation = ""
+        """The observation of the last backend step (what the episode loop records when a component fails after it)."""
         self.task_rng = np.random.default_rng()
         self.max_format_errors = max_format_errors
         self._max_turns = max_turns
@@ -251,6 +253,7 @@ class BackendEnv(EnvBase):
             observation, reward, done, info = self.backend.step(str(action))
             self.last_info = dict(info) if info is not None else new_info()
             observation = "" if observation is None else str(observation)
+            self.last_observation = observation
             self._record_evaluation(observation, self.last_info)
         status = (self.last_info or {}).get(EVALUATION_STATUS_KEY, "")
         out.set(EVALUATION_STATUS_KEY, status)

@@ -112,7 +112,7 @@ class ChainTransform(Transform):
         """``format_template`` of one of the current task's templates, checked to be a string (``output_checks``)."""
         if output_checks.ENABLED and not isinstance(template, str):
             output_checks.check_template_text(template, self.base.task, what)
-        return format_template(template, fields, what=what)
+        return output_checks.render_template(self.base.task, what, lambda: format_template(template, fields, what=what))
 
     def template_fields(self) -> dict[str, Any]:
         """Task fields plus ``command_docs``, the tools' env variables and ``format_instructions`` (how to write a

@@ -79,8 +79,7 @@ class HistoryView(ChainTransform):
     def _view(self, tensordict: TensorDictBase) -> TensorDictBase:
         conversation = tensordict.get(self.layout.conversation)
         dicts = self._dicts_of(conversation)
-        processor = self.base.task.history
-        shown = processor(list(dicts))
+        shown = output_checks.call_history(self.base.task, list(dicts))  # its exceptions named (output_checks)
         if output_checks.ENABLED:
             output_checks.check_history_output(shown, self.base.task)
         if len(shown) == len(dicts) and all(a is b for a, b in zip(shown, dicts, strict=True)):

@@ -89,6 +89,26 @@ def format_error(output: str, status: str = INVALID_SUBMISSION) -> EvaluationFor
     )
 
 
+AGENT_CODE_FAILED = ("Evaluation failed: your code raised an exception while the evaluator ran it, so nothing was "
+                     "scored.")
+"""The opening of the observation for an evaluation whose agent module raised (``agent_code_error``)."""
+_AGENT_ERROR_MARK = "AgentCodeError: "
+
+
+def agent_code_error(output: str, status: str) -> EvaluationFormatError:
+    """The evaluation error when the agent's own code raised (a crashed strategy): its traceback, only its own
+    frames (the harness's and the evaluator's are left out), and advice that fits; the evaluator's output when the
+    harness's report of the agent's error is not in it."""
+    _, mark, tail = output.rpartition(_AGENT_ERROR_MARK)
+    shown = tail.strip() if mark else output.strip()
+    where = "Your code's traceback" if mark else "The evaluator's output"
+    return EvaluationFormatError(
+        f"{AGENT_CODE_FAILED}\n{where}:\n---\n{shown}\n---\nFix your code where the traceback points (its last "
+        "line says what was raised) and validate again.",
+        status,
+    )
+
+
 @dataclass
 class Started:
     """An evaluation's processes, started before its workspace views are filled: the evaluator (and, for tasks that
@@ -291,6 +311,8 @@ class Evaluator:
     def _parse(self, output: str, ended: dict | None) -> Any:
         """The metrics the evaluator printed; without them, a format error whose status comes from how the
         evaluation script ended (``ended``: the harness's report, None when it never reported)."""
+        if (ended or {}).get("status") == "agent_code" and not self.agent_code_in_process:
+            raise agent_code_error(output, self._failure_status(ended))
         if self.entrypoint == "ModelSubmissionTasks":
             line = next((ln for ln in output.split("\n") if ln.strip().startswith("{")), None)
             if line is None:
@@ -413,6 +435,7 @@ class Evaluator:
         ended = started.read_status()
         if self.workspace_path is None:
             output = output.replace(str(started.eval_view), self.shown_workspace)
+            output = output.replace(str(started.agent_view), self.shown_workspace)  # the agent's own frames
         return output, ended
 
     def _collect(self, proc: subprocess.Popen) -> str:

@@ -731,6 +731,8 @@ def serve(workspace: str, memory_fd: int, seed: int | None = None) -> None:
     ``seed`` (the episode's agent seed, derived apart from the evaluator's) seeds ``random``, and numpy once the
     agent's code imported it, so a stochastic strategy is reproducible; this process never learns the evaluator's.
     """
+    global _AGENT_WORKSPACE
+    _AGENT_WORKSPACE = os.path.abspath(workspace)
     link = Link(memory_fd, os.dup(0), os.dup(1), evaluator=False)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
@@ -777,9 +779,24 @@ def _call(frame: bytes, functions: dict, lists: dict) -> bytes:
         return _failure(exc)
 
 
+_AGENT_WORKSPACE = ""
+"""The agent's workspace as this (``serve``) process sees it: the frames of files in it are the agent's own."""
+
+
+def agent_error_text(exc: BaseException) -> str:
+    """``exc`` as the agent should see it: the traceback of its own frames (files in its workspace), none of the
+    harness's, then ``Type: message``; just ``Type: message`` when no frame is the agent's."""
+    import traceback  # only when the agent's code failed
+
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if _AGENT_WORKSPACE and os.path.abspath(frame.filename).startswith(_AGENT_WORKSPACE + os.sep)]
+    head = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
+    return "".join(head + traceback.format_exception_only(type(exc), exc)).rstrip()
+
+
 def _failure(exc: BaseException) -> bytes:
     try:
-        return pack_error(f"{type(exc).__name__}: {exc}")
+        return pack_error(agent_error_text(exc))
     except BaseException as inner:  # noqa: BLE001 - an exception whose str() raises
         return pack_error(f"{type(exc).__name__} (unprintable: {type(inner).__name__})")
 
@@ -822,7 +839,10 @@ def _answer(request: dict, seed: int | None, functions: dict | None = None) -> d
             return {"value": [function(*args) for args in request["calls"]]}
         return {"error": f"unknown request {op!r}"}
     except BaseException as exc:  # noqa: BLE001 - the agent's code may raise anything, SystemExit included
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            return {"error": agent_error_text(exc)}
+        except BaseException as inner:  # noqa: BLE001 - an exception whose str() raises
+            return {"error": f"{type(exc).__name__} (unprintable: {type(inner).__name__})"}
 
 
 def wait_for_go(fd: int) -> dict | None:
