@@ -13,14 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .episode_rules import MAX_FORMAT_ERRORS
 from .specs import ResolvedTask
 from .validation import check_option
 
 MAX_OBSERVATION_CHARS = 16_000
 """The default cap on the characters of one observation in the user message (``max_observation_chars``)."""
 
-MAX_FORMAT_ERRORS = 3
-"""Consecutive responses without a usable command after which the episode ends with ``exit_format`` (MLGym's rule)."""
 
 CHAIN_OPTIONS = (
     "tokenizer",

@@ -64,26 +64,11 @@ def short_repr(value: Any, limit: int = 80) -> str:
 
 
 def origin(kind: str, name: str, task: Any = None) -> str:
-    """Where the component ``name`` of ``kind`` came from, for an error message (only called on a violation).
-
-    The process-wide registry knows the distribution; a name it does not hold (an env built by another
-    ``Registry``, a template given as a path, a worker rebuilding from lazy references) is described by its
-    reference.
-    """
-    try:
-        from .plugins import BUILTIN_DISTRIBUTION
-        from .registry import registry
-
-        entry = registry.entry(kind, name).info()
-    except Exception:  # not registered by that name; nothing here may hide the component's own error
-        entry = None
-    if entry is not None:
-        if entry.distribution:
-            suffix = ", built in" if entry.distribution == BUILTIN_DISTRIBUTION else ""
-            return f"from {entry.distribution}{suffix}"
-        if entry.plugin and entry.plugin != "<register()>":
-            return f"from plugin {entry.plugin!r}, no distribution"
-        return "registered in this process by registry.register(), no distribution"
+    """Where the component ``name`` of ``kind`` came from, for an error message: what the registry found when it
+    resolved ``task`` (``ResolvedTask.origins``); without that (a chain assembled by hand), its lazy reference."""
+    known = (getattr(task, "origins", None) or {}).get(kind)
+    if known:
+        return str(known)
     ref = (getattr(getattr(task, "spec", None), "components", None) or {}).get(kind)
     return f"from {ref!r}" if ref else "not registered by name"
 

@@ -486,9 +486,26 @@ class Registry:
         if callable(check_task):  # so can one that cannot serve this task (its data or packages are missing)
             check_task(spec, **backend_options)
         components = {kind: self._task_component(spec, kind) for kind in COMPONENT_KINDS if kind != "backend"}
+        found = {kind: self.origin(kind, str(getattr(spec, kind))) for kind in COMPONENT_KINDS}
+        origins = {kind: where for kind, where in found.items() if where is not None}
         resolved = ResolvedTask(spec=spec, backend_factory=backend_factory, backend_options=backend_options,
-                                **components)
+                                origins=origins, **components)
         return resolved, chain_options
+
+    def origin(self, kind: str, name: str) -> str | None:
+        """Where the component ``name`` of ``kind`` came from, as error messages say it: its distribution (or
+        plugin), or that it was registered in this process; None for a name not registered here (a template given
+        by path, a reference only a worker's spec holds)."""
+        try:
+            entry = self.entry(kind, name).info()
+        except Exception:  # noqa: BLE001 - not registered here: messages describe it by its reference
+            return None
+        if entry.distribution:
+            suffix = ", built in" if entry.distribution == BUILTIN_DISTRIBUTION else ""
+            return f"from {entry.distribution}{suffix}"
+        if entry.plugin and entry.plugin != "<register()>":
+            return f"from plugin {entry.plugin!r}, no distribution"
+        return "registered in this process by registry.register(), no distribution"
 
     def _task_component(self, spec: TaskSpec, kind: str) -> Any:
         """``component(spec, kind)``; an unknown name says which task names it, and where to fix it."""

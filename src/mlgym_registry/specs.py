@@ -238,6 +238,8 @@ class ResolvedTask:
     isolator: Any
     history: Any = None
     backend_options: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+    """Where each component came from (``{"reward": "from my-dist"}``), for error messages about it."""
 
     def make_backend(self) -> Any:
         """A new backend for this task (``backend_factory(spec, **backend_options)``)."""

@@ -25,7 +25,7 @@ from ..backends.protocol import (
     infer_evaluation_status,
     new_info,
 )
-from ..chain import MAX_FORMAT_ERRORS
+from ..episode_rules import MAX_FORMAT_ERRORS
 from ..specs import ResolvedTask
 from .layout import Layout, set_spec
 
@@ -40,6 +40,7 @@ not hold the metric the task is rewarded on: the task's metric names do not matc
 
 MAX_STEPS_EXIT = "autosubmission (max_steps)"
 """MLGym's ``exit_status`` when the episode ran out of steps."""
+
 
 
 def task_fields(backend: Backend) -> dict[str, Any]:
