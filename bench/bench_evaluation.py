@@ -43,7 +43,7 @@ def plain_folder(backend, into: Path) -> Path:
     files put back."""
     folder = into / "plain"
     shutil.copytree(backend.host_workspace, folder, symlinks=True)
-    for relative, source in backend._pristine.items():
+    for relative, source in backend._files.pristine.items():
         target_path = folder / relative
         if target_path.is_dir() and not target_path.is_symlink():
             shutil.rmtree(target_path)

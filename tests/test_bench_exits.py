@@ -21,7 +21,7 @@ from test_openai_policy import MODEL, Endpoint, closed_port, error
 
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.commands.bench import EXIT_DONE, EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_RUNS_FAILED
-from mlgym_registry.commands.run import LOCK_NAME
+from mlgym_registry.commands.out_folder import LOCK_NAME
 
 TASK = "prisonersDilemma"
 

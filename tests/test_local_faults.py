@@ -131,7 +131,7 @@ def test_tampering_with_evaluator_and_protected_file_does_not_count(tmp_path):
         _, _, _, info = env.step("validate")
         assert info["score"][-1] == {"Score": 5.0}
         assert "100.0" in env.communicate("cat evaluate.py")  # the agent sees its change; it just does not count
-        for copy in env._pristine.values():
+        for copy in env._files.pristine.values():
             assert ws not in copy.parents
 
 
@@ -328,7 +328,7 @@ def test_a_sweep_while_another_backend_takes_its_owner_lock_spares_it(tmp_path, 
     already locked. A sweep is forced into the moment between creating the lock file and locking it."""
     import fcntl
 
-    from mlgym_registry.backends.local import backend as backend_module
+    from mlgym_registry.backends.local import resources as resources_module
 
     real_flock = fcntl.flock
     swept = []
@@ -336,7 +336,7 @@ def test_a_sweep_while_another_backend_takes_its_owner_lock_spares_it(tmp_path, 
     def flock_after_a_sweep(fd, operation):
         if operation == fcntl.LOCK_EX:  # the owner's own blocking lock, not a sweep's try
             swept.append(True)
-            backend_module.sweep_orphans(tmp_path)  # another env starting right now
+            resources_module.sweep_orphans(tmp_path)  # another env starting right now
         return real_flock(fd, operation)
 
     monkeypatch.setattr(fcntl, "flock", flock_after_a_sweep)

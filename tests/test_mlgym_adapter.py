@@ -173,7 +173,7 @@ def test_make_refuses_a_machine_without_the_engine_api_before_building_anything(
 
 
 def test_default_socket_when_docker_host_is_unset(mlgym_checkout, monkeypatch, tmp_path):
-    from mlgym_registry.backends import mlgym as adapter
+    from mlgym_registry.backends.mlgym import engine as adapter
 
     monkeypatch.delenv("DOCKER_HOST")
     monkeypatch.setattr(adapter, "DEFAULT_DOCKER_HOST", f"unix://{tmp_path}/docker.sock")
@@ -467,7 +467,7 @@ def test_podman_runs_through_its_api_socket(mlgym_checkout, monkeypatch, tmp_pat
 
 
 def test_podman_socket_is_named_when_docker_host_is_unset(mlgym_checkout, monkeypatch, tmp_path):
-    from mlgym_registry.backends import mlgym as adapter
+    from mlgym_registry.backends.mlgym import engine as adapter
 
     double = EngineDouble(tmp_path / "podman", engine="podman")
     for key, value in double.environment().items():

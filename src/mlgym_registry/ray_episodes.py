@@ -117,7 +117,7 @@ def sweep_local_workspaces(workspace_dir: str | None, pids: list[int], wait: flo
     """
     import tempfile
 
-    from .backends.local.backend import sweep_orphans
+    from .backends.local.resources import sweep_orphans
 
     deadline = time.monotonic() + wait
     alive = list(pids)

@@ -20,7 +20,7 @@ import pytest
 
 from mlgym_registry import registry
 from mlgym_registry.backends.local import LocalBackend
-from mlgym_registry.backends.local.backend import OWNER_FILE, ROOT_PREFIX
+from mlgym_registry.backends.local.resources import OWNER_FILE, ROOT_PREFIX
 
 from .helpers import HONEST, open_backend, run, status, validate, write_file
 

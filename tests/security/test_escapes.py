@@ -209,7 +209,8 @@ def test_another_env_is_invisible_and_untouchable(env, mini_spec):
         target = other.host_workspace / unique
         assert target.read_text() == "mine\n"
         names = sorted(p.name for p in other.host_workspace.iterdir())
-        binds = [b.target for b in env._sandbox_spec(env.host_workspace, writable=True).binds if not b.writable]
+        view = env._confinement.sandbox_spec(env.host_workspace, writable=True)
+        binds = [b.target for b in view.binds if not b.writable]
         prune = " ".join(f"-path '{path}' -prune -o" for path in binds)
         output, _ = status(env, f"find / -path /proc -prune -o {prune} -name '{unique}' -print 2>/dev/null", 120)
         assert output.strip() == "", output
@@ -220,11 +221,12 @@ def test_another_env_is_invisible_and_untouchable(env, mini_spec):
 
 
 def test_owner_file_is_out_of_reach_and_cannot_be_forged(env, mini_spec):
-    from mlgym_registry.backends.local.backend import OWNER_FILE
+    from mlgym_registry.backends.local.resources import OWNER_FILE
 
     owner = env._res.root / OWNER_FILE
     content = owner.read_text()
-    binds = [b.target for b in env._sandbox_spec(env.host_workspace, writable=True).binds if not b.writable]
+    view = env._confinement.sandbox_spec(env.host_workspace, writable=True)
+    binds = [b.target for b in view.binds if not b.writable]
     prune = " ".join(f"-path '{path}' -prune -o" for path in binds)
     output, _ = status(env, f"find / -path /proc -prune -o {prune} -name '{OWNER_FILE}' -print 2>/dev/null", 120)
     assert output.strip() == "", output

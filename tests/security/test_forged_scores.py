@@ -228,7 +228,9 @@ def test_strategy_raising_exit_or_interrupt(env, honest, where, code):
     write_file(env, "strategy.py", source)
     obs, score = validate(env)
     assert_not_forged(obs, score, honest)
-    assert FAKE_SCORE not in obs.replace(f"SystemExit: {FAKE_SCORE}", "")
+    # the fake score may only be quoted where the agent sees its own code and exception (its traceback)
+    assert FAKE_SCORE not in obs.replace(f"SystemExit: {FAKE_SCORE}", "").replace(code, "")
+    assert "importlib._bootstrap" not in obs and "harness" not in obs  # only the agent's own frames
 
 
 def test_sourceless_bytecode_strategy(env, honest):

@@ -115,7 +115,8 @@ def test_hard_link_and_copy_of_the_answers_fail(env, answers):
 def test_searching_the_file_system_finds_no_answers(env, answers):
     # the read-only binds of the host (Python installations, our tools) are checked from the host instead: walking
     # them from inside takes long, and they hold no task data
-    binds = [bind for bind in env._sandbox_spec(env.host_workspace, writable=True).binds if bind.writable is False]
+    view = env._confinement.sandbox_spec(env.host_workspace, writable=True)
+    binds = [bind for bind in view.binds if bind.writable is False]
     for bind in binds:
         assert not answers.resolve().is_relative_to(Path(bind.source).resolve()), bind
     prune = " ".join(f"-path '{bind.target}' -prune -o" for bind in binds)

@@ -23,8 +23,8 @@ from typing import TextIO
 
 from ..terminal import printable
 from ..validation import cli_integer
+from .out_folder import OutFolder
 from .run import (
-    OutFolder,
     add_backend_option_argument,
     add_component_arguments,
     add_engine_arguments,
@@ -35,9 +35,9 @@ from .run import (
     check_policy,
     component_choices,
     policy_text,
-    sigint_deferred,
     with_changes,
 )
+from .signals import on_sigterm, sigint_deferred
 
 EXIT_DONE = 0
 """Every run of the suite ended (now or before)."""
@@ -146,8 +146,6 @@ def interrupted(out: Path, record: dict, runs: list, finished_before: int, bar: 
 @contextlib.contextmanager
 def interrupts_as_keyboard() -> Iterator[None]:
     """SIGTERM raises ``KeyboardInterrupt`` here, as Ctrl-C does, so both end the suite the same clean way."""
-
-    from .run import on_sigterm
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

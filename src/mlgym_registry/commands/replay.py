@@ -24,16 +24,16 @@ from ..recorded_files import first_windows, with_recorded_starters
 from ..tasks.mlgym_metrics import mlgym_ranking_metric
 from ..terminal import printable
 from ..trajectories import load_recorded
+from .out_folder import OutFolder, default_out
 from .run import (
-    OutFolder,
     add_backend_option_argument,
     add_component_arguments,
     add_episode_arguments,
     backend_options,
-    default_out,
-    shorten,
     with_changes,
 )
+from .signals import sigint_deferred, terminate_as_exit
+from .terminal_output import Transcript, shorten
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -148,7 +148,6 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
     from ..policies.replay import ReplayPolicy
     from ..registry import registry
     from ..trajectories import TrajectoryWriter, atomic_write_json
-    from .run import Transcript, sigint_deferred, terminate_as_exit
 
     recorded = load_recorded(Path(trajectory_path))
     spec = with_changes(registry.spec(task), max_steps=max_steps, training_timeout=training_timeout, options=options,

@@ -789,7 +789,8 @@ def agent_error_text(exc: BaseException) -> str:
     import traceback  # only when the agent's code failed
 
     frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
-              if _AGENT_WORKSPACE and os.path.abspath(frame.filename).startswith(_AGENT_WORKSPACE + os.sep)]
+              if _AGENT_WORKSPACE and not frame.filename.startswith("<")  # "<frozen importlib._bootstrap>"
+              and os.path.abspath(frame.filename).startswith(_AGENT_WORKSPACE + os.sep)]
     head = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
     return "".join(head + traceback.format_exception_only(type(exc), exc)).rstrip()
 
