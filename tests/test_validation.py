@@ -55,13 +55,13 @@ def test_good_options_build_an_env():
 
 def test_an_unknown_backend_option_is_refused_with_a_suggestion():
     with pytest.raises(UnknownOptionError) as caught:
-        registry.make("prisonersDilemma", backend_options={"command_timeot": 5, "bogus": 1})
+        registry.make("prisonersDilemma", backend_options={"command_timeot": 5, "xyzzy": 1})
     message = str(caught.value)
-    assert message.startswith("unknown backend option(s) 'bogus', 'command_timeot' (did you mean 'command_timeout'?) "
-                              "for backend 'local'; it takes: ")
+    assert message.startswith("unknown backend option(s) 'command_timeot' (did you mean 'command_timeout'?), 'xyzzy' "
+                              "for backend 'local'; it takes: ")  # sorted
     assert "long_timeout" in message
     with pytest.raises(InvalidOverrideError, match="unknown override"):  # a keyword make() itself does not know
-        registry.make("prisonersDilemma", bogus=1)
+        registry.make("prisonersDilemma", xyzzy=1)
 
 
 def test_options_in_the_spec_are_checked_too():
@@ -72,8 +72,8 @@ def test_options_in_the_spec_are_checked_too():
         registry.make(spec.replace(max_steps=0))
     with pytest.raises(InvalidOptionError, match=r"^training_timeout must be a number > 0 or None, got 0 \(int\)$"):
         registry.make(spec.replace(training_timeout=0))
-    with pytest.raises(UnknownOptionError, match="unknown backend option\\(s\\) 'bogus' for backend 'local'"):
-        registry.resolve(spec.replace(backend_options={"bogus": 1}))
+    with pytest.raises(UnknownOptionError, match="unknown backend option\\(s\\) 'xyzzy' for backend 'local'"):
+        registry.resolve(spec.replace(backend_options={"xyzzy": 1}))
 
 
 def test_a_refused_make_builds_nothing_and_changes_nothing():
