@@ -32,7 +32,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 BLOCK = re.compile(r"(?P<skip><!-- docs-test: skip [^>]+-->\n)?^```(?P<lang>\w*)\n(?P<code>.*?)^```$",
                    re.MULTILINE | re.DOTALL)
-SLOW_PAGES = {"quickstart.md", "training.md", "scaling.md"}  # episodes in worker processes and on Ray; training
+# episodes in worker processes and on Ray; training
+SLOW_PAGES = {"quickstart.md", "training.md", "scaling.md", "evaluation.md", "serving.md"}
 
 
 def blocks(page: Path) -> list[tuple[str, str, bool]]:

@@ -147,22 +147,24 @@ def test_a_pip_failure_says_why_and_leaves_nothing(tmp_path, envs):
 
 EVALUATE = textwrap.dedent(
     """\
-    import argparse, json
+    import argparse, csv, json
 
-    import pandas as pd
-    from sklearn.metrics import accuracy_score
+    import six  # a package the driver's interpreter lacks: only the prepared environment has it
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--submission_file")
-    guess = pd.read_csv(parser.parse_args().submission_file)
-    print(json.dumps({"accuracy": accuracy_score([0, 1, 1, 0], guess["label"])}))
+    guess = [int(row["label"]) for row in csv.DictReader(open(parser.parse_args().submission_file))]
+    right = sum(six.moves.map(lambda pair: pair[0] == pair[1], zip(guess, [0, 1, 1, 0])))
+    print(json.dumps({"accuracy": right / 4}))
     """
 )
+"""A task needing a small pure-Python package from the configured index (pip's own configuration; offline here), so
+that building its environment takes seconds: what is tested is the mechanism, not the packages."""
 
 
 @pytest.mark.slow
 def test_prepare_builds_an_environment_the_task_then_validates_with(tmp_path, envs, capsys):
-    path = task_file(tmp_path / "task", ["pandas", "scikit-learn"], evaluate=EVALUATE)
+    path = task_file(tmp_path / "task", ["six"], evaluate=EVALUATE)
     spec = load_task_yaml(path)
     with pytest.raises(MissingTaskPackages, match=f"`mlgym-registry prepare {path}`"):
         mlgym_registry.make(spec)
@@ -170,13 +172,13 @@ def test_prepare_builds_an_environment_the_task_then_validates_with(tmp_path, en
     assert cli_main(["prepare", str(path)]) == 0
     python = prepared_python(spec)
     assert python is not None and python.is_relative_to(envs.resolve())
-    assert task_python(spec) == str(python) and missing_requirements(["pandas", "scikit-learn"], python) == []
+    assert task_python(spec) == str(python) and missing_requirements(["six"], python) == []
     folder = python.parent.parent
-    assert (folder / "requirements.txt").read_text() == "pandas\nscikit-learn\n"
-    assert "scikit-learn==" in (folder / "freeze.txt").read_text().lower()
+    assert (folder / "requirements.txt").read_text() == "six\n"
+    assert "six==" in (folder / "freeze.txt").read_text().lower()
     capsys.readouterr()
     assert cli_main(["prepare", "--list"]) == 0
-    assert f"{environment_key(['pandas', 'scikit-learn'])}  {folder}\n  requirements: pandas, scikit-learn\n" in (
+    assert f"{environment_key(['six'])}  {folder}\n  requirements: six\n" in (
         capsys.readouterr().out)
 
     env = mlgym_registry.make(spec, batch_size=())
