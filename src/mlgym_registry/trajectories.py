@@ -24,6 +24,7 @@ interrupted run leaves the steps done so far in a complete, loadable file.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import tempfile
@@ -246,8 +247,10 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return data
 
 
+@functools.cache
 def current_umask() -> int:
-    """This process's umask, read without changing it where the system says it (``/proc/self/status``)."""
+    """This process's umask, read once (a writer saves after every step) without changing it where the system says
+    it (``/proc/self/status``)."""
     try:
         with open("/proc/self/status") as status:
             for line in status:

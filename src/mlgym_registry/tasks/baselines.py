@@ -2,9 +2,8 @@
 
     python -m mlgym_registry.tasks.baselines [--seeds N] [--write] [TASK ...]
 
-Each run happens in a fresh temporary workspace with the run's seed as ``MLGYM_REGISTRY_EVAL_SEED`` (the evaluator's
-seed; also as ``MLGYM_REGISTRY_SEED``, for scripts that read the older name), as MLGym runs a baseline: the
-baseline script (``baseline_paths[0]``) first, then the evaluator (``evaluation_paths[0]``). The script prints the
+Each run is scored as ``mlgym-registry check`` scores it (``evaluator_runs.score_starter``): a fresh sandboxed
+workspace, the run's seed as the evaluator's seed, the baseline program first, then the pristine evaluator. The script prints the
 mean and standard deviation of every metric over the seeds; ``--write`` stores the means as ``baseline_scores`` in
 the task files of our own suite. Without TASK names it covers the whole suite.
 """
@@ -12,64 +11,26 @@ the task files of our own suite. Without TASK names it covers the whole suite.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import InvalidTaskError
 from ..specs import TaskSpec
 from .suite import TASKS_DIR
-from .workspace import stage_workspace
 
 SEED_ENVS = ("MLGYM_REGISTRY_EVAL_SEED", "MLGYM_REGISTRY_SEED")
 ENTRYPOINTS = ("PythonSubmissionTasks", "CSVSubmissionTasks")
 
 
-def run_python(script: str, args: Sequence[str], workspace: Path, seed: int | None, timeout: float) -> str:
-    """Run ``python <script> <args>`` in ``workspace``; its stdout, or ``RuntimeError`` with its output on failure."""
-    env = {k: v for k, v in os.environ.items() if k not in SEED_ENVS}
-    if seed is not None:
-        env.update(dict.fromkeys(SEED_ENVS, str(seed)))
-    result = subprocess.run(
-        [sys.executable, script, *args], cwd=workspace, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"`python {script}` failed with exit code {result.returncode}:\n{result.stderr.strip()}")
-    return result.stdout
-
-
-def evaluate_workspace(spec: TaskSpec, workspace: Path, seed: int | None = None) -> dict[str, float]:
-    """Run the task's evaluator in an already staged ``workspace``; the metric dict it prints."""
-    if spec.task_entrypoint not in ENTRYPOINTS:
-        raise InvalidTaskError(f"task {spec.id!r}: cannot run {spec.task_entrypoint} evaluators here ({ENTRYPOINTS})")
-    if not spec.evaluation_paths:
-        raise InvalidTaskError(f"task {spec.id!r} has no evaluation_paths")
-    args = ["--submission_file", "submission.csv"] if spec.task_entrypoint == "CSVSubmissionTasks" else []
-    output = run_python(spec.evaluation_paths[0], args, workspace, seed, spec.training_timeout or 3600)
-    try:
-        metrics = json.loads(output)
-    except json.JSONDecodeError:
-        raise RuntimeError(f"task {spec.id!r}: the evaluator printed more than one JSON dict:\n{output}") from None
-    if not isinstance(metrics, dict):
-        raise RuntimeError(f"task {spec.id!r}: the evaluator printed {output.strip()!r}, not a metric dict")
-    return metrics
-
-
 def run_baseline(spec: TaskSpec, seed: int | None = None) -> dict[str, float]:
-    """Score the task's baseline once, in a temporary workspace: its baseline script, then its evaluator."""
-    with tempfile.TemporaryDirectory(prefix=f"baseline-{spec.id}-") as folder:
-        workspace = stage_workspace(spec, folder)
-        evaluator = spec.evaluation_paths[0] if spec.evaluation_paths else None
-        if spec.baseline_paths and spec.baseline_paths[0] != evaluator:
-            run_python(spec.baseline_paths[0], [], workspace, seed, spec.training_timeout or 3600)
-        return evaluate_workspace(spec, workspace, seed)
+    """Score the task's baseline once, as ``check`` and ``validate`` score it (``evaluator_runs.score_starter``: a
+    sandboxed workspace, the baseline program, then the pristine evaluator with the evaluator's seed ``seed``)."""
+    from ..evaluator_runs import score_starter
+
+    return score_starter(spec, seed=seed)
 
 
 def summarise(runs: list[dict[str, float]]) -> dict[str, tuple[float, float]]:
