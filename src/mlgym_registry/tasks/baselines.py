@@ -3,9 +3,9 @@
     python -m mlgym_registry.tasks.baselines [--seeds N] [--write] [TASK ...]
 
 Each run is scored as ``mlgym-registry check`` scores it (``evaluator_runs.score_starter``): a fresh sandboxed
-workspace, the run's seed as the evaluator's seed, the baseline program first, then the pristine evaluator. The script prints the
-mean and standard deviation of every metric over the seeds; ``--write`` stores the means as ``baseline_scores`` in
-the task files of our own suite. Without TASK names it covers the whole suite.
+workspace, the run's seed as the evaluator's seed, the baseline program first, then the pristine evaluator. The
+script prints the mean and standard deviation of every metric over the seeds; ``--write`` stores the means as
+``baseline_scores`` in the task files of our own suite. Without TASK names it covers the whole suite.
 """
 
 from __future__ import annotations
