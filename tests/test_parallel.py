@@ -107,6 +107,10 @@ def test_parallel_env_over_the_factory():
 def test_run_parallel_plays_each_env_to_the_end(tmp_path):
     results = run_parallel("blotto", "scripted", 2, out=tmp_path, seed=3, episodes_per_env=2)
     assert len(results) == 4 and all(result.finished for result in results)
+    # when an evaluation fails, say how (it once came back unscored under a loaded CI machine)
+    unscored = [(result.stop_reason, result.failure, result.info) for result in results
+                if result.improvement is None]
+    assert not unscored, unscored
     assert all(result.improvement > 0 for result in results)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["env0-0", "env0-1", "env1-0", "env1-1"]
 
