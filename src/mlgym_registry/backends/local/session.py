@@ -27,6 +27,9 @@ from .output import CappedBuffer, normalise
 INTERRUPT_GRACE = 3.0
 """Seconds the shell gets to print the marker after the command's processes were killed."""
 
+MARKER_TAIL = re.compile(rb"(-?\d*):DONE///\n")
+"""What follows a command's token in its end-of-command marker: the exit status."""
+
 
 @dataclass
 class Result:
@@ -126,7 +129,18 @@ class ShellSession:
         """A fresh end-of-command marker: one that an earlier command saw is worth nothing to forge the next."""
         self.token = uuid.uuid4().hex
         self._start = f"///MLGR-{self.token}:".encode()
-        self._marker = re.compile(re.escape(self._start) + rb"(-?\d*):DONE///\n")
+
+    def _marker(self, recent: bytes) -> re.Match[bytes] | None:
+        """The end-of-command marker with this command's token in ``recent`` (its group 1 is the exit status), or
+        None. The token is found as bytes and only the fixed tail is a regex: compiling a pattern per command cost
+        more than the search itself."""
+        at = recent.find(self._start)
+        while at != -1:
+            match = MARKER_TAIL.match(recent, at + len(self._start))
+            if match:
+                return match
+            at = recent.find(self._start, at + 1)
+        return None
 
     # -- commands --------------------------------------------------------------------------------------------------
     def run(
@@ -181,7 +195,7 @@ class ShellSession:
             buffer.add(data)
             quiet_deadline = time.monotonic() + no_output_timeout
             recent = (recent + data)[-512:]
-            match = self._marker.search(recent)
+            match = self._marker(recent)
             if match:
                 return Result(self._text(buffer), _to_int(match.group(1)))
 
@@ -213,7 +227,7 @@ class ShellSession:
                 return Result(self._text(buffer), self._exit_status(), timed_out=kind, shell_died=True)
             buffer.add(data)
             recent = (recent + data)[-512:]
-            match = self._marker.search(recent)
+            match = self._marker(recent)
             if match:
                 return Result(self._text(buffer), _to_int(match.group(1)), timed_out=kind)
         return Result(self._text(buffer), None, timed_out=kind, marker_lost=True)
