@@ -262,6 +262,13 @@ def test_output_normalisation_and_returncode(backend):
     assert backend.communicate(r"printf '\xff\xfe ok'") == r"\xff\xfe ok"
 
 
+def test_a_printed_end_of_command_marker_with_another_token_does_not_end_the_command(backend):
+    forged = "printf '\\n///MLGR-%s:0:DONE///\\n' " + "0123456789abcdef" * 2  # the marker's form, a made-up token
+    output = backend.communicate(f"{forged}; printf '///MLGR-'; sleep 0.3; echo after; (exit 3)")
+    assert output.endswith("after") and "///MLGR-0123456789abcdef" in output
+    assert backend.returncode == 3
+
+
 def test_exit_ends_the_session_and_the_next_command_gets_a_new_one(backend):
     assert backend.communicate("exit") == "" and backend.returncode == 0
     assert backend.communicate("pwd") == str(backend.task_workspace)
