@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import default_sigint, run_cli, run_python
 
+from mlgym_registry.ray_runtime import WORKER_PRIORITY_ENVIRONMENT
+
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
@@ -39,8 +41,10 @@ def free_port() -> int:
 
 
 def quiet_env(home: Path, **extra: str) -> dict[str, str]:
-    """This environment with its own home folder (checked for files Ray should not write there)."""
-    env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", **extra)
+    """This environment with its own home folder (checked for files Ray should not write there). The clusters the
+    tests start with it give their workers normal priority, as ``ray_session`` does: at Ray's niceness 15 they
+    starve on a busy CI machine."""
+    env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", **WORKER_PRIORITY_ENVIRONMENT, **extra)
     env.pop("PYTEST_CURRENT_TEST", None)
     return env
 

@@ -7,6 +7,7 @@ A local runtime started by ``ray_session()`` is made safe for a shared machine:
 - every Ray process binds to loopback only (Ray's own switch for that is ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
   which makes the node's address 127.0.0.1; without it Ray listens on every interface);
 - its temporary files (sockets, logs, session folders) go under one folder the session creates and removes;
+- its workers run at normal priority (``WORKER_PRIORITY_ENVIRONMENT``), not at Ray's niceness 15;
 - usage reports are off, and Ray's token authentication uses a random token held in the environment of the
   session's processes, never written to ``~/.ray``;
 - ``ray.shutdown()`` at the end stops every process it started.
@@ -63,9 +64,17 @@ LOOPBACK_ENVIRONMENT = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
+WORKER_PRIORITY_ENVIRONMENT = {"RAY_worker_niceness": "0"}
+"""Ray starts its workers at niceness 15, below everything else on the machine. The actors of a local runtime play
+the episodes (their shells and evaluations inherit the niceness), and on a busy machine they starve: a 2-episode
+blotto run on 2 cores beside 3 busy processes took 207 s at niceness 15 and 24 s at 0 (9 s on an idle machine)."""
+
+
 def local_runtime_environment(token: str) -> dict[str, str]:
-    """The environment variables that make a local runtime loopback-only, token-protected and silent."""
-    return {**LOOPBACK_ENVIRONMENT, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    """The environment variables that make a local runtime loopback-only, token-protected and silent, with its
+    workers at normal priority."""
+    return {**LOOPBACK_ENVIRONMENT, **WORKER_PRIORITY_ENVIRONMENT, "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
 
 
 @dataclass
