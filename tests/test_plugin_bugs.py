@@ -12,8 +12,8 @@ import pytest
 from test_plugins import REPLACING
 
 from mlgym_registry import DuplicateNameError, PluginLoadError, Registry, UnknownNameError, cli
+from mlgym_registry.entries import ComponentImportError
 from mlgym_registry.plugins import PluginLoadWarning, PluginReplaceWarning
-from mlgym_registry.registry import ComponentImportError
 from mlgym_registry.testing import _registered_plugin
 
 BROKEN_ON_IMPORT = 'raise ImportError("this plugin needs a package that is not installed")\n'

@@ -159,7 +159,8 @@ def resolve_parser(parser: Any) -> Any:
     """A parser from a parser object (returned as is), a registered name or a lazy ``"module:attr"`` reference."""
     if not isinstance(parser, str):
         return parser
-    from ..registry import build_component, import_reference, registry
+    from ..entries import build_component, import_reference
+    from ..registry import registry
 
     if parser not in registry.names("parser") and ":" in parser:
         return build_component("parser", import_reference(parser))

@@ -30,7 +30,7 @@ def cache_dir() -> Path:
 
 def load_suite_task(path: str | Path) -> TaskSpec:
     """Load a task file of the suite and run its ``prepare`` step, if it names one."""
-    from ..registry import import_reference
+    from ..entries import import_reference
 
     spec = load_task_yaml(path)
     ref = spec.extra.get("prepare")

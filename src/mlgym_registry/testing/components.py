@@ -103,7 +103,7 @@ def check_component(kind: str, name: str, *, registry: Any = None, parsers: list
 
 def _import_problem(entry: Any) -> str | None:
     """Why ``entry``'s lazy reference does not import (naming the module), or None when it does or has none."""
-    from ..registry import import_reference, is_task_file, reference_fix
+    from ..entries import import_reference, is_task_file, reference_fix
 
     target = entry.target
     if not isinstance(target, str) or (entry.kind == "task" and is_task_file(target)):

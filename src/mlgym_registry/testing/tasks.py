@@ -84,7 +84,8 @@ def _task_field_problems(spec: TaskSpec) -> list[str]:
     (``make`` would fail)."""
     import difflib
 
-    from ..registry import PATH_LOADERS, is_task_file, registry
+    from ..entries import is_task_file
+    from ..registry import PATH_LOADERS, registry
     from ..specs import COMPONENT_KINDS, TASK_ENTRYPOINTS
 
     problems = []
