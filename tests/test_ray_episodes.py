@@ -147,3 +147,9 @@ def test_an_unknown_task_fails_in_the_driver(local_ray):
     with pytest.raises(UnknownNameError, match="Did you mean 'blotto'"):
         run_episodes("blottoo", "scripted", 2, engine="ray")
     assert worker_actors() == []
+
+
+def test_the_local_runtime_runs_its_workers_at_normal_priority(local_ray):
+    # Ray's default niceness for workers is 15: on a busy machine the actors that play the episodes would starve
+    niceness = ray.get(ray.remote(lambda: os.nice(0)).remote())
+    assert niceness == os.nice(0)
