@@ -34,6 +34,13 @@ BLOCK = re.compile(r"(?P<skip><!-- docs-test: skip [^>]+-->\n)?^```(?P<lang>\w*)
                    re.MULTILINE | re.DOTALL)
 # episodes in worker processes and on Ray; training
 SLOW_PAGES = {"quickstart.md", "training.md", "scaling.md", "evaluation.md", "serving.md"}
+RAY_PAGES = {"scaling.md"}  # start Ray runtimes
+
+
+def page_param(page: Path):
+    marks = [pytest.mark.slow] if page.name in SLOW_PAGES else []
+    marks += [pytest.mark.ray] if page.name in RAY_PAGES else []
+    return pytest.param(page, marks=marks)
 
 
 def blocks(page: Path) -> list[tuple[str, str, bool]]:
@@ -58,8 +65,7 @@ def test_every_page_the_readme_links_exists():
     assert linked and linked <= {page.name for page in PAGES}
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_PAGES else p
-                                  for p in PAGES], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [page_param(p) for p in PAGES], ids=lambda p: p.name)
 def test_code_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # what the examples make in the temp folder goes with the test's
