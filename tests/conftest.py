@@ -18,6 +18,11 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 TRAJECTORIES = SHARED / "mlgym-trajectories"
 
+# pytest-xdist runs more workers than this machine has cores (make test); torch's thread pool in each of them (and
+# in the processes they start: spawned env workers, Ray actors) would then fight over the cores. One thread each.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # seeded runs derive their evaluators' seeds with an installation key (mlgym_registry.seeding): give the whole session
 # (its subprocesses and workers too) one of its own, so that tests never create a key in the user's config folder
 os.environ.setdefault("MLGYM_REGISTRY_SEED_KEY", secrets.token_hex(32))
@@ -202,6 +207,21 @@ def pytest_collection_modifyitems(config, items):
         return 1
 
     items[:] = sorted(items, key=rank)  # stable: each rank keeps the collection order
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """In a worker: warn when pytest-xdist did not put the ``xdist_group`` tests together (it marks them by a
+    ``@group`` suffix on their ids; a pytest that ignores the suffix spreads each group over every worker, and the
+    fixtures and Ray runtimes the groups share start once per worker)."""
+    if xdist_worker() is None or not session.config.getvalue("loadgroup"):
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rpartition("]")[2]]
+    if lost:
+        session.config.issue_config_time_warning(pytest.PytestConfigWarning(
+            f"{len(lost)} tests of an xdist_group (the first: {lost[0]}) were not grouped: this pytest-xdist does not "
+            f"work with this pytest (see the test extra's pin in pyproject.toml); the suite runs, but slower"), 2)
 
 
 class TimeTable:
