@@ -120,7 +120,7 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
 }
 """The packages each MLGym task's code imports (its evaluate.py and baseline), read from the task folders. MLGym's
 container has them from its generic conda requirements, or from the task's own requirements file
-(``requirements_path``), whose lines are added to these (``environments.task_requirements``)."""
+(``requirements_path``), whose lines are added to these (``task_packages.task_requirements``)."""
 
 RL_TASKS = ("rlBreakoutMinAtar", "rlMetaMazeMisc", "rlMountainCarContinuous", "rlMountainCarContinuousReinforce")
 """Tasks whose requirements file names ``jax[cuda12]``: the CUDA build of jax, which a host without an NVIDIA GPU
