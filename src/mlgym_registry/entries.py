@@ -85,7 +85,6 @@ class ComponentImportError(MLGymRegistryError, ImportError):
         self.distribution, self.plugin = entry.distribution, entry.plugin
         self.reference, self.module, self.cause = reference, module, cause
 
-
     def __reduce__(self) -> Any:  # to a worker process and back: the message and fields, not __init__'s arguments
         return (_restore_error, (type(self), self.args, dict(self.__dict__)))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 from .errors import ComponentOutputError, ComponentRaisedError, FormatError
@@ -40,6 +41,10 @@ CONTRACTS = {
 }
 
 _MISSING = object()
+
+Describe = str | Callable[[], str]
+"""What a component was called on, for its error: text, or a function making it (called only when it raised, so
+that no step pays for describing itself)."""
 
 MUST = {
     "parser": "a parser must return (thought, action), or raise FormatError when the response holds no action, and "
@@ -79,13 +84,15 @@ def fail(kind: str, task: Any, problem: str, contract: str, value: Any = None) -
     return ComponentOutputError(kind, name, origin(kind, name, task), problem, contract, value)
 
 
-def raised(kind: str, task: Any, exc: BaseException, during: str = "") -> ComponentRaisedError:
-    """The error of ``task``'s ``kind`` component that raised ``exc`` (``during`` says on what, e.g. " on a step
-    with exit_status 'submitted'"): it names the component, its distribution, the exception and the fix."""
+def raised(kind: str, task: Any, exc: BaseException, during: Describe = "") -> ComponentRaisedError:
+    """The error of ``task``'s ``kind`` component that raised ``exc`` (``during``, or what it returns when it is a
+    function, says on what, e.g. " on a step with exit_status 'submitted'"): it names the component, its
+    distribution, the exception and the fix."""
     name = str(getattr(getattr(task, "spec", None), kind, None) or "?")
     check = f"`mlgym-registry check --kind {kind} {name}` runs the conformance kit on it"
     return ComponentRaisedError(kind, name, origin(kind, name, task),
-                                f"raised {type(exc).__name__}: {_exception_text(exc)}{during}",
+                                f"raised {type(exc).__name__}: {_exception_text(exc)}"
+                                f"{during() if callable(during) else during}",
                                 f"{MUST[kind]}. Fix it; {check}", exc)
 
 
@@ -98,7 +105,7 @@ def _exception_text(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def calling(kind: str, task: Any, call: Any, *args: Any, during: str = "") -> Any:
+def calling(kind: str, task: Any, call: Any, *args: Any, during: Describe = "") -> Any:
     """``call(*args)``, with any exception but ``FormatError`` (a parser's or isolator's "no action") and another
     component's ``ComponentOutputError`` turned into ``raised``'s error (the exception itself when checks are off)."""
     if not ENABLED:
@@ -252,15 +259,20 @@ def call_reward(task: Any, observation: str, info: dict) -> float:
     if not ENABLED:
         return float(task.reward(observation, info, task.spec))
     snapshot = info_snapshot(info)
-    during = (f" on a step with exit_status {info.get('exit_status')!r}, evaluation_status "
-              f"{info.get('evaluation_status')!r} and score {short_repr(info.get('score'), 60)}"
-              if isinstance(info, dict) else "")
-    value = calling("reward", task, task.reward, observation, info, task.spec, during=during)
+    value = calling("reward", task, task.reward, observation, info, task.spec, during=lambda: _step_text(info))
     if snapshot is not None:
         change = info_change(info, snapshot)
         if change is not None:
             raise fail("reward", task, change, CONTRACTS["reward_info"], info)
     return reward_value(value, task)
+
+
+def _step_text(info: Any) -> str:
+    """The step a reward assigner raised on, for its error."""
+    if not isinstance(info, dict):
+        return ""
+    return (f" on a step with exit_status {info.get('exit_status')!r}, evaluation_status "
+            f"{info.get('evaluation_status')!r} and score {short_repr(info.get('score'), 60)}")
 
 
 # -- template set ------------------------------------------------------------------------------------------------
@@ -272,7 +284,8 @@ def render_template(task: Any, what: str, render: Any, *args: Any) -> str:
 
 def call_history(task: Any, messages: list) -> Any:
     """``task.history(messages)``, whatever it raises reported as the history processor's error."""
-    return calling("history", task, task.history, messages, during=f" on a conversation of {len(messages)} messages")
+    return calling("history", task, task.history, messages,
+                   during=lambda: f" on a conversation of {len(messages)} messages")
 
 
 def check_template_text(value: Any, task: Any, what: str) -> str:
