@@ -13,10 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-TRAJECTORIES = SHARED / "mlgym-trajectories"
+from outside_data import RECORDED
 
 # pytest-xdist runs more workers than this machine has cores (make test); torch's thread pool in each of them (and
 # in the processes they start: spawned env workers, Ray actors) would then fight over the cores. One thread each.
@@ -109,7 +106,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
     )
 
 
-
 def xdist_worker() -> str | None:
     """This process's pytest-xdist worker id (``gw0``...), or None in a session without workers."""
     return os.environ.get("PYTEST_XDIST_WORKER")
@@ -124,8 +120,10 @@ def background_replays(request, tmp_path_factory):
     the workers share, where their outcomes appear; a worker only reads them."""
     import background_replays as replays
 
+    # a test parametrized over no recorded runs holds no path (outside_data.recorded_run_params)
     paths = [item.callspec.params["path"] for item in request.session.items
-             if getattr(item, "originalname", None) == replays.TEST_NAME]
+             if getattr(item, "originalname", None) == replays.TEST_NAME
+             and isinstance(item.callspec.params.get("path"), Path)]
     if not paths:
         yield {}
         return
@@ -154,7 +152,7 @@ def pytest_xdist_node_collection_finished(node, ids):
     import background_replays as replays
 
     config.stash[REPLAY_POOL] = None
-    paths = replays.selected(ids, sorted(TRAJECTORIES.glob("*/*.traj")))
+    paths = replays.selected(ids, RECORDED)
     if paths:
         root = config._tmp_path_factory.getbasetemp() / "replays"  # the workers' folders are basetemp/popen-gwN
         config.stash[REPLAY_POOL], _ = replays.start(paths, root)

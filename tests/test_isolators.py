@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import TRAJECTORIES
+from outside_data import RECORDED, needs_recorded_runs
 
 from mlgym_registry import registry
 from mlgym_registry.components.isolators import (
@@ -20,7 +20,6 @@ from mlgym_registry.components.isolators import (
 from mlgym_registry.components.parsers import StrictThoughtActionParser, ThoughtActionParser, XMLThoughtActionParser
 from mlgym_registry.errors import FormatError
 
-TRAJ_FILES = sorted(TRAJECTORIES.glob("*/*.traj"))
 MULTILINE = re.compile(r"^\s*(edit|insert)(?=\s|$)", re.MULTILINE)
 ENDINGS = {"edit": "end_of_edit", "insert": "end_of_insert"}
 SYNTHETIC_ACTIONS = {"exit_context", "exit_cost", "exit_error", "exit_api", "exit_format"}
@@ -30,7 +29,7 @@ isolate = CodeBlockIsolator()
 
 def recorded_multiline_actions() -> list[str]:
     actions = []
-    for path in TRAJ_FILES:
+    for path in RECORDED:
         for step in json.loads(path.read_text())["trajectory"]:
             if MULTILINE.search(step["action"]):
                 actions.append(step["action"])
@@ -75,7 +74,7 @@ def assert_only_command_lines_guarded(action: str, guarded: str) -> None:
 
 # -- recorded actions --------------------------------------------------------------------------------------------
 @pytest.mark.trajectories
-@pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajectories in {TRAJECTORIES}")
+@needs_recorded_runs
 def test_recorded_edit_actions_are_guarded():
     actions = recorded_multiline_actions()
     assert actions, "the trajectories hold no edit/insert action"
@@ -96,11 +95,11 @@ def test_recorded_edit_actions_are_guarded():
 
 
 @pytest.mark.trajectories
-@pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajectories in {TRAJECTORIES}")
+@needs_recorded_runs
 def test_isolator_gives_mlgym_run_action_for_every_recorded_step():
     """What MLGym's agent sent to env.step: the recorded action, guarded when multi-line, stripped."""
     checked = 0
-    for path in TRAJ_FILES:
+    for path in RECORDED:
         for step in json.loads(path.read_text())["trajectory"]:
             if step["action"] in SYNTHETIC_ACTIONS:
                 continue
@@ -117,7 +116,7 @@ def test_isolator_gives_mlgym_run_action_for_every_recorded_step():
 
 
 @pytest.mark.trajectories
-@pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajectories in {TRAJECTORIES}")
+@needs_recorded_runs
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_guarded_recorded_edits_pass_bash_syntax_check():
     """MLGym runs ``bash -n`` on every action first: guarded edit bodies must not be parsed as shell code."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TRAJECTORIES
+from outside_data import RECORDED, TRAJECTORIES, missing_recorded_runs
 
 from mlgym_registry import observation_kinds, recorded_files, seeding
 from mlgym_registry.backends.local import LocalBackend
@@ -598,10 +598,10 @@ def replay_task(task_dir: Path, checkout: Path, scratch: Path, training_timeout:
 
 @pytest.mark.trajectories
 def test_recorded_observations_all_have_a_kind():
-    if not TRAJECTORIES.is_dir():
-        pytest.skip("recorded MLGym trajectories are not available")
+    if not RECORDED:
+        pytest.skip(missing_recorded_runs())
     kinds = Counter()
-    for path in sorted(TRAJECTORIES.glob("*/*.traj")):
+    for path in RECORDED:
         recording = json.loads(path.read_text())
         last, status = len(recording["trajectory"]) - 1, recording["info"].get("exit_status", "")
         for index, step in enumerate(recording["trajectory"]):
@@ -623,8 +623,8 @@ def test_replay_recorded_trajectories(tmp_path, capsys):
     checkout = Path(os.environ.get("MLGYM_ROOT", ""))
     if not os.environ.get("MLGYM_ROOT") or not (checkout / "configs" / "tasks").is_dir():
         pytest.skip("set MLGYM_ROOT to a checkout of facebookresearch/MLGym to replay its recorded runs")
-    if not TRAJECTORIES.is_dir():
-        pytest.skip("recorded MLGym trajectories are not available")
+    if not RECORDED:
+        pytest.skip(missing_recorded_runs())
     report = {}
     for task_dir in sorted(p for p in TRAJECTORIES.iterdir() if p.is_dir()):
         if not is_offline_task(checkout, task_dir.name):

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TRAJECTORIES
+from outside_data import RECORDED, needs_recorded_runs, recorded_run_params
 
 from mlgym_registry import registry
 from mlgym_registry.components.parsers import (
@@ -21,8 +21,6 @@ from mlgym_registry.components.parsers import (
     count_code_blocks,
 )
 from mlgym_registry.errors import FormatError
-
-TRAJ_FILES = sorted(TRAJECTORIES.glob("*/*.traj"))
 
 # Entries the MLGym agent writes itself instead of parsing the model's output: the action is the special action and
 # the response is an error text or, for exit_format, the model's answer to the last of MLGym's re-queries, which MLGym
@@ -44,13 +42,9 @@ def is_synthetic(step: dict) -> bool:
     return step["action"] in SYNTHETIC_ACTIONS and step["thought"].startswith("Exit due to")
 
 
-needs_trajectories = pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajectories in {TRAJECTORIES}")
-
-
 # -- MLGym's recorded pairs ----------------------------------------------------------------------------------------
 @pytest.mark.trajectories
-@needs_trajectories
-@pytest.mark.parametrize("path", TRAJ_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", recorded_run_params())
 def test_fenced_parsers_reproduce_recorded_pairs(path):
     steps = traj_steps(path)
     if all(is_synthetic(s) for s in steps):
@@ -64,10 +58,10 @@ def test_fenced_parsers_reproduce_recorded_pairs(path):
 
 
 @pytest.mark.trajectories
-@needs_trajectories
+@needs_recorded_runs
 def test_synthetic_entries_are_expected_failures():
     """exit_context & co. have no code block; exit_format responses give any action but exit_format, or none."""
-    synthetic = [step for path in TRAJ_FILES for step in traj_steps(path) if is_synthetic(step)]
+    synthetic = [step for path in RECORDED for step in traj_steps(path) if is_synthetic(step)]
     if not synthetic:
         pytest.skip("no synthetic exit_* entries in these trajectories")
     for step in synthetic:
@@ -109,11 +103,11 @@ def test_synthetic_entry_shapes(step):
 
 
 @pytest.mark.trajectories
-@needs_trajectories
+@needs_recorded_runs
 def test_xml_and_identity_on_recorded_responses():
     """The same commands written with <command> tags come back stripped; identity returns the text twice."""
     checked = 0
-    for path in TRAJ_FILES:
+    for path in RECORDED:
         for step in traj_steps(path):
             if is_synthetic(step):
                 continue

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_cli
+from conftest import run_cli
+from outside_data import REPO
 
 from mlgym_registry import Registry, registry
 from mlgym_registry.errors import ComponentRaisedError, PluginLoadError, UnknownNameError

@@ -9,7 +9,8 @@ import warnings
 from importlib import metadata
 
 import pytest
-from conftest import REPO, run_cli, run_python
+from conftest import run_cli, run_python
+from outside_data import REPO
 
 from mlgym_registry import DuplicateNameError, PluginLoadError, Registry, hookimpl
 

@@ -6,15 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TRAJECTORIES
+from outside_data import recorded_run_params
 
 from mlgym_registry import TaskFilesMissing, TaskSpec, registry
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.commands.replay import default_task, format_report, replay
 from mlgym_registry.observation_kinds import KINDS
 from mlgym_registry.trajectories import load_traj
-
-RECORDED = sorted(TRAJECTORIES.glob("*/*.traj"))
 
 
 def write_traj(path: Path, responses: list[tuple[str, str]], environment: str = "mlgym_main") -> Path:
@@ -100,8 +98,7 @@ def recorded_replays(background_replays):
 
 @pytest.mark.slow
 @pytest.mark.trajectories
-@pytest.mark.skipif(not RECORDED, reason="../shared/mlgym-trajectories is absent")
-@pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", recorded_run_params())
 def test_every_recorded_mlgym_run_replays_and_is_reported(path, recorded_replays):
     recorded = load_traj(path)
     try:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TRAJECTORIES
+from outside_data import RECORDED, TRAJECTORIES, missing_recorded_runs
 
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.evaluation import metrics
@@ -217,8 +217,8 @@ def test_models_option_orders_and_filters_columns(tree, tmp_path):
 @pytest.mark.trajectories
 def test_recorded_runs_give_mlgyms_numbers(tmp_path, capsys):
     """The shared recorded runs (MLGym's published runs of 3 models on the 3 games, in a flat layout)."""
-    if not TRAJECTORIES.is_dir():
-        pytest.skip(f"{TRAJECTORIES} is absent")
+    if not RECORDED:
+        pytest.skip(missing_recorded_runs())
     out = tmp_path / "report"
     assert cli_main(["report", str(TRAJECTORIES), "--out", str(out), "--no-plot"]) == 0
     assert "36 runs (36 with a score) of 3 models on 3 tasks" in capsys.readouterr().out

@@ -7,7 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import TRAJECTORIES, recorded_results
+from conftest import recorded_results
+from outside_data import RECORDED, needs_recorded_runs, recorded_run_params
 
 from mlgym_registry import registry
 from mlgym_registry.components.rewards import (
@@ -24,9 +25,6 @@ from mlgym_registry.components.rewards import (
 from mlgym_registry.components.templates import STATUS_BLOCK
 from mlgym_registry.specs import TaskSpec
 from mlgym_registry.tasks.mlgym_metrics import mlgym_ranking_metric
-
-TRAJ_FILES = sorted(TRAJECTORIES.glob("*/*.traj"))
-needs_trajectories = pytest.mark.skipif(not TRAJ_FILES, reason=f"no MLGym trajectories in {TRAJECTORIES}")
 
 reward = ScoreDeltaReward()
 PD = TaskSpec(id="prisonersDilemma", baseline_scores=[{"Score": 2.3716301918029785}])
@@ -68,8 +66,7 @@ def expected_reward(entry: dict, baseline: dict, task_id: str, non_finite: float
 
 # -- MLGym's recorded runs ---------------------------------------------------------------------------------------------
 @pytest.mark.trajectories
-@needs_trajectories
-@pytest.mark.parametrize("path", TRAJ_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", recorded_run_params())
 def test_recorded_validations_parse(path):
     traj, results = load_run(path)
     parsed = [parse_validation(step["observation"]) for step in traj["trajectory"]]
@@ -83,8 +80,7 @@ def test_recorded_validations_parse(path):
 
 
 @pytest.mark.trajectories
-@needs_trajectories
-@pytest.mark.parametrize("path", TRAJ_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", recorded_run_params())
 def test_recorded_episode_rewards_count_every_score_once(path):
     """Replay each run's steps with the per-step info MLGym's env returns; the rewards add up to results.json."""
     traj, results = load_run(path)
@@ -113,10 +109,10 @@ def test_recorded_episode_rewards_count_every_score_once(path):
 
 
 @pytest.mark.trajectories
-@needs_trajectories
+@needs_recorded_runs
 def test_recorded_final_scores_from_info():
     checked = 0
-    for path in TRAJ_FILES:
+    for path in RECORDED:
         traj, results = load_run(path)
         spec = TaskSpec(id=path.parent.name, baseline_scores=[results["baseline"]])
         status = traj["info"]["exit_status"]

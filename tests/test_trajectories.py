@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TRAJECTORIES, recorded_results
+from conftest import recorded_results
+from outside_data import recorded_run_params
 
 from mlgym_registry.trajectories import (
     STEP_KEYS,
@@ -16,8 +17,6 @@ from mlgym_registry.trajectories import (
     load_traj,
     trajectory_from_dict,
 )
-
-RECORDED = sorted(TRAJECTORIES.glob("*/*.traj"))
 
 
 def make_step(action: str = "ls -a\n", observation: str = "strategy.py") -> Step:
@@ -76,8 +75,7 @@ def test_missing_and_corrupt_files(tmp_path):
 
 
 @pytest.mark.trajectories
-@pytest.mark.skipif(not RECORDED, reason="../shared/mlgym-trajectories is absent")
-@pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", recorded_run_params())
 def test_recorded_mlgym_trajectories_load(path):
     trajectory = load_traj(path)
     assert trajectory.steps, "every recorded run has steps"
