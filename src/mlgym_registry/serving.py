@@ -1,10 +1,16 @@
 """The OpenEnv face: tasks served over OpenEnv's WebSocket protocol (``mlgym-registry serve``, ``create_app``).
 
 Built on OpenEnv's own ``HTTPEnvServer`` in its production mode: ``/ws`` sessions with ``reset``, ``step`` and
-``state``, plus ``/health``, ``/metadata``, ``/schema``, ``/mcp`` and the task routes (``/mlgym/tasks``, ...); the
-stateless HTTP ``/reset``, ``/step`` and ``/state`` are not registered and there is no web UI. Each session plays
+``state``, plus ``/health``, ``/metadata``, ``/schema``, ``POST /mcp`` and the task routes (``/mlgym/tasks``, ...);
+the stateless HTTP ``/reset``, ``/step`` and ``/state`` are not registered and there is no web UI. Each session plays
 the env ``registry.make`` builds (through ``gym_env.MLGymRegistryEnv``: the same components, sandbox, rewards and
 seeding), built on the session's first reset, never for ``/metadata`` or the task routes.
+
+A session is one ``/ws`` connection and lives exactly as long as it (or its running step): the env has no MCP tools,
+so OpenEnv's HTTP MCP sessions (``openenv/session/create`` on ``POST /mcp``, then ``/ws?session_id=``) would only
+hold capacity with no connection behind them. ``POST /mcp`` answers every call with a JSON-RPC error, the MCP
+WebSocket is not registered, attaching to a session by id is refused, and a session is never created off a
+WebSocket connection.
 
 Safe by default: ``create_app`` refuses browsers (an ``Origin`` header) and foreign ``Host`` headers unless a token
 is set; with a token, every request but ``/health`` must carry ``Authorization: Bearer <token>``, on HTTP and on
@@ -15,6 +21,7 @@ the WebSocket handshake alike; ``check_bind`` refuses a non-loopback address wit
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import hmac
 import ipaddress
@@ -27,10 +34,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcResponse
 from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata
 
 from .client import DEFAULT_MESSAGE_TIMEOUT_S, ENV_NAME, MlgymAction, MlgymObservation, MlgymState
@@ -56,6 +65,22 @@ OPEN_PATHS = ("/health",)
 
 RESET_OPTIONS = ("seed", "episode_id", "task", "index", "split", "prompt")
 """What ``reset`` takes."""
+
+SESSION_PATH = "/ws"
+"""The one route that opens a session: a session is its WebSocket connection."""
+
+MCP_PATH = "/mcp"
+"""OpenEnv's MCP route: ``POST`` answers JSON-RPC errors only; its WebSocket is not registered."""
+
+MCP_MAX_BODY_BYTES = 64 * 1024
+"""The most of a ``POST /mcp`` body read (enough for any JSON-RPC call; the answer is an error anyway)."""
+
+MCP_REFUSAL = ("this server has no MCP tools and no HTTP sessions: a session is one WebSocket connection to /ws, "
+               "opened by OpenEnv's EnvClient (see docs/serving.md)")
+"""Why every ``POST /mcp`` call is refused."""
+
+_CONNECTION: contextvars.ContextVar[str | None] = contextvars.ContextVar("mlgym_registry_connection", default=None)
+"""The ASGI scope type (``http``, ``websocket``) of the request being handled, set by ``Guard``."""
 
 
 class ServingError(MLGymRegistryError):
@@ -243,7 +268,14 @@ class TaskEnvironment(Environment[MlgymAction, MlgymObservation, MlgymState]):
 class _SessionServer(HTTPEnvServer):
     """OpenEnv's server, with a session that is running a reset or step never reaped as idle (OpenEnv 0.10 times
     idleness from the last finished message, so a training command longer than the idle timeout would lose its
-    session), and no harness check."""
+    session), sessions created for WebSocket connections only, and no harness check."""
+
+    async def _create_session(self) -> tuple[str, Environment]:
+        # The routes that would create a session over HTTP are gone (create_app); this keeps any other path OpenEnv
+        # may grow from taking a slot with no connection behind it, which idle reaping would free only much later.
+        if _CONNECTION.get() != "websocket":
+            raise ServingError(f"sessions are created only for a WebSocket connection to {SESSION_PATH}")
+        return await super()._create_session()
 
     async def _run_in_session_executor(self, session_id: str, func: Any, *args: Any, **kwargs: Any) -> Any:
         busy = self._session_websocket_attachments  # OpenEnv's reaper skips the sessions in this set
@@ -298,6 +330,7 @@ def create_app(tasks: Sequence[Any], *, token: str | None = None, max_sessions: 
                                                                  session_timeout=idle_timeout_s),
                             env_name=ENV_NAME, state_cls=MlgymState)
     server.register_routes(app, mode="production")
+    replace_mcp_routes(app)
     app.state.serve_config, app.state.openenv_server = config, server
 
     @app.get("/serving", tags=["Environment Info"], summary="What this server serves and its limits")
@@ -310,6 +343,37 @@ def create_app(tasks: Sequence[Any], *, token: str | None = None, max_sessions: 
 
     app.router.on_shutdown.append(close_sessions)
     return Guard(app, token=token, hosts=allowed_hosts(host))
+
+
+def replace_mcp_routes(app: FastAPI) -> None:
+    """Drop OpenEnv's ``/mcp`` routes (HTTP sessions with no connection, and a session per MCP WebSocket, for an env
+    without MCP tools) and answer ``POST /mcp`` with a JSON-RPC error, as ``openenv validate`` expects."""
+    app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) != MCP_PATH]
+
+    @app.post(MCP_PATH, tags=["MCP"], summary="Refused: this server has no MCP tools or HTTP sessions")
+    async def mcp_refused(request: Request) -> dict[str, Any]:
+        return await mcp_refusal(request)
+
+
+async def mcp_refusal(request: Request) -> dict[str, Any]:
+    """The JSON-RPC error ``POST /mcp`` answers: a parse error, or the method refused (with the call's ``id``)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MCP_MAX_BODY_BYTES:
+            message = f"request over {MCP_MAX_BODY_BYTES} bytes; {MCP_REFUSAL}"
+            return JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, message).model_dump()
+    try:
+        call = json.loads(bytes(body))
+    except ValueError:
+        return JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR).model_dump()
+    call = call if isinstance(call, dict) else {}
+    given = call.get("id")
+    request_id = given if isinstance(given, (str, int)) and not isinstance(given, bool) else None
+    method = call.get("method") if isinstance(call.get("method"), str) else None
+    message = f"method {method!r} refused: {MCP_REFUSAL}"
+    return JsonRpcResponse.error_response(JsonRpcErrorCode.METHOD_NOT_FOUND, message,
+                                          request_id=request_id).model_dump()
 
 
 def close_all(config: ServeConfig) -> None:
@@ -325,7 +389,8 @@ def close_all(config: ServeConfig) -> None:
 
 class Guard:
     """ASGI middleware: the token, and without a token the ``Host`` and ``Origin`` checks, on HTTP and WebSocket
-    requests alike. A refused WebSocket is closed before it is accepted (the client sees HTTP 403)."""
+    requests alike; a WebSocket asking to attach to an existing session (``/ws?session_id=``) is refused too. A
+    refused WebSocket is closed before it is accepted (the client sees HTTP 403)."""
 
     def __init__(self, app: Any, *, token: str | None, hosts: set[str]):
         self.app, self.token, self.hosts = app, token, hosts
@@ -336,9 +401,13 @@ class Guard:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        problem = self.problem(scope)
+        problem = self.problem(scope) or attach_problem(scope)
         if problem is None:
-            return await self.app(scope, receive, send)
+            connection = _CONNECTION.set(scope["type"])
+            try:
+                return await self.app(scope, receive, send)
+            finally:
+                _CONNECTION.reset(connection)
         status, reason = problem
         if scope["type"] == "websocket":
             return await send({"type": "websocket.close", "code": 1008, "reason": reason})
@@ -365,6 +434,16 @@ class Guard:
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
             return 401, "missing or wrong token: send 'Authorization: Bearer <token>'"
         return None
+
+
+def attach_problem(scope: dict[str, Any]) -> tuple[int, str] | None:
+    """``(403, reason)`` for a WebSocket asking to attach to a session by id: each connection has its own."""
+    if scope["type"] != "websocket":
+        return None
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    if "session_id" in query:
+        return 403, f"attaching to a session by id is refused: each {SESSION_PATH} connection is its own session"
+    return None
 
 
 def host_name(host_header: str) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 from .backends.protocol import EVALUATIONS_KEY, infra_errors
 from .bounded_json import loads as load_json
 from .errors import MLGymRegistryError
+from .regular_files import IrregularFile, read_regular_text
 
 STEP_KEYS = ("action", "observation", "response", "state", "thought", "execution_time")
 """The keys of every entry of a ``.traj`` file's ``trajectory`` list."""
@@ -153,7 +154,8 @@ class Trajectory:
 
 
 def load_traj(path: str | Path) -> Trajectory:
-    """Read and check an MLGym ``.traj`` file; ``TrajectoryError`` says what is wrong with it."""
+    """Read and check an MLGym ``.traj`` file; ``TrajectoryError`` says what is wrong with it (also when it is not a
+    regular file, or larger than ``regular_files.MAX_FILE_BYTES``: then it is never opened, or not read whole)."""
     path = Path(path)
     return trajectory_from_dict(_read_json(path, "trajectory file"), path)
 
@@ -184,9 +186,11 @@ def load_recorded(path: Path) -> Trajectory:
 def _read_json(path: Path, what: str) -> Any:
     """The JSON in ``path``; ``TrajectoryError`` naming ``what`` when it is missing or not JSON."""
     try:
-        return load_json(path.read_text())
+        return load_json(read_regular_text(path))
     except FileNotFoundError:
         raise TrajectoryError(f"{what} {str(path)!r} does not exist") from None
+    except IrregularFile as exc:  # a FIFO, socket, device or folder (never opened), or a file over the cap
+        raise TrajectoryError(f"{what} {exc}") from None
     except UnicodeDecodeError:
         raise
     except json.JSONDecodeError as exc:

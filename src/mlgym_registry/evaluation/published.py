@@ -9,10 +9,12 @@ by cell with the report's (to the tables' 3 decimals), and the report says which
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..regular_files import read_regular_text
 from .metrics import Leaderboard, Score
 
 TABLES_DIR = Path("results", "tables")
@@ -91,8 +93,8 @@ def read_published(folder: Path, name: str) -> PublishedTables | None:
     tables = {}
     for kind in (*SCORE_TABLES, AUP_TABLE):
         try:
-            with open(folder / f"{kind}_{name}.csv", newline="", encoding="utf-8") as handle:
-                rows = [row for row in csv.reader(handle) if row]
+            text = read_regular_text(folder / f"{kind}_{name}.csv", within=folder)  # never a FIFO or device
+            rows = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
         except (OSError, UnicodeDecodeError, csv.Error):
             return None
         first = "Model" if kind == AUP_TABLE else "Task"

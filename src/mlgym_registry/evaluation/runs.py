@@ -10,6 +10,10 @@ Two layouts are read:
 Scores come from ``results.json`` alone (``{"agent": [metric dicts], "baseline": {...}}``, plus ``"failed"`` when
 our recorder gave up on the episode). A ``.traj`` can be megabytes, so only its end is read, for ``info.exit_status``;
 it is parsed whole only when its end does not look like the end of a JSON object, to tell whether it is corrupt.
+
+Every file is read through ``regular_files``: a FIFO, socket, device or folder where a run's file is expected (or a
+symlink to one, or a symlink leading out of the folder given) is listed in ``bad_files`` and never opened, and no
+file is read past ``regular_files.MAX_FILE_BYTES``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from ..bounded_json import JSONTooDeep
 from ..bounded_json import loads as load_json
+from ..regular_files import IrregularFile, open_regular, read_regular
 from .tasks import model_name
 
 RESULTS = "results.json"
@@ -142,21 +147,24 @@ def find_runs(folders: Iterable[str | Path]) -> RunSet:
             if not root.exists():
                 raise FileNotFoundError(f"{str(root)!r} does not exist")
             raise NotADirectoryError(f"{str(root)!r} is not a folder of runs")
-        for run in _walk(root):
+        for run in _walk(root, found.bad_files):
             key = Path(run.label).resolve()
             if key in seen:  # the same folder given twice, or inside another one given
                 continue
             seen.add(key)
-            _read(run, found.bad_files)
+            _read(run, found.bad_files, root)
             found.runs.append(run)
     found.runs.sort(key=lambda r: (r.task, r.model, r.label))
     return found
 
 
-def _walk(root: Path) -> Iterator[Run]:
+def _walk(root: Path, bad_files: list[BadFile]) -> Iterator[Run]:
     for here, dirs, files in os.walk(root):
-        dirs.sort()
         folder = Path(here)
+        for name in [d for d in dirs if _names_a_file(d)]:  # a folder (or a link to one) where a file belongs
+            dirs.remove(name)
+            bad_files.append(BadFile(folder / name, "is a folder, not a file: skipped"))
+        dirs.sort()
         names = set(files)
         trajs = sorted(n for n in names if n.endswith(TRAJ))
         if RESULTS in names or (trajs and "__" in folder.name):
@@ -173,6 +181,10 @@ def _walk(root: Path) -> Iterator[Run]:
                 results_path=results if results.name in names else None,
                 traj_path=traj if traj.name in names else None,
             )
+
+
+def _names_a_file(name: str) -> bool:
+    return name == RESULTS or name.endswith(TRAJ) or name.endswith(FLAT_RESULTS)
 
 
 def _folder_run(folder: Path, trajs: list[str], has_results: bool) -> Run:
@@ -205,10 +217,10 @@ def folder_task(name: str, trajs: Iterable[str] = ()) -> str:
     return next((stem for stem in stems if "__" in stem and rest.startswith(stem + "__")), fields[1])
 
 
-def _read(run: Run, bad_files: list[BadFile]) -> None:
+def _read(run: Run, bad_files: list[BadFile], root: Path | None = None) -> None:
     if run.results_path is not None:
         try:
-            data = load_json(run.results_path.read_bytes())
+            data = load_json(read_regular(run.results_path, within=root))
         except (OSError, ValueError, MemoryError) as exc:
             run.unreadable = _reason(exc)
         else:
@@ -220,13 +232,13 @@ def _read(run: Run, bad_files: list[BadFile]) -> None:
         if run.unreadable:
             bad_files.append(BadFile(run.results_path, run.unreadable))
     if run.traj_path is not None:
-        status, problem = read_exit_status(run.traj_path)
+        status, problem = read_exit_status(run.traj_path, within=root)
         run.exit_status = status
-        run.model_stats = read_model_stats(run.traj_path)
+        run.model_stats = None if problem else read_model_stats(run.traj_path, within=root)
         if problem:
             bad_files.append(BadFile(run.traj_path, problem))
     if run.results_path is not None and run.results_path.name == RESULTS:  # bench's layout: one folder per run
-        run.settings = _read_settings(run.results_path.parent / SETTINGS)
+        run.settings = _read_settings(run.results_path.parent / SETTINGS, bad_files, root)
     place_by_record(run)
 
 
@@ -249,22 +261,26 @@ def place_by_record(run: Run) -> None:
         run.named_by_folder = True
 
 
-def _read_settings(path: Path) -> dict[str, Any] | None:
+def _read_settings(path: Path, bad_files: list[BadFile], root: Path | None = None) -> dict[str, Any] | None:
     try:
-        data = load_json(path.read_bytes())
+        data = load_json(read_regular(path, within=root))
+    except IrregularFile as exc:
+        bad_files.append(BadFile(path, exc.reason))
+        return None
     except (OSError, ValueError, MemoryError):
         return None
     settings = data.get("settings") if isinstance(data, dict) else None
     return settings if isinstance(settings, dict) else None
 
 
-def read_model_stats(path: Path) -> dict[str, Any] | None:
-    """``info.model_stats`` of a ``.traj`` from its last bytes (MLGym writes ``info`` last); None when absent."""
+def read_model_stats(path: Path, within: Path | None = None) -> dict[str, Any] | None:
+    """``info.model_stats`` of a ``.traj`` from its last bytes (MLGym writes ``info`` last); None when absent (or
+    the file is not a regular file inside ``within``)."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, within) as handle:
             handle.seek(0, os.SEEK_END)
             handle.seek(max(0, handle.tell() - TAIL_BYTES))
-            tail = handle.read()
+            tail = handle.read(TAIL_BYTES) or b""  # at most the tail, even of a file that grows meanwhile
     except OSError:
         return None
     matches = list(_MODEL_STATS.finditer(tail))
@@ -296,29 +312,32 @@ def _reason(exc: BaseException) -> str:
         return f"is not usable JSON (nested deeper than {exc.max_depth} levels)"
     if isinstance(exc, MemoryError):
         return "is too large to read into memory"
+    if isinstance(exc, IrregularFile):
+        return exc.reason
     if isinstance(exc, OSError):
         return f"cannot be read ({exc.strerror or exc})"
     return str(exc)
 
 
-def read_exit_status(path: Path) -> tuple[str | None, str | None]:
+def read_exit_status(path: Path, within: Path | None = None) -> tuple[str | None, str | None]:
     """(``info.exit_status`` of a ``.traj`` or None, why the file is unusable or None), reading only its end.
 
     MLGym writes ``info`` last, so its ``exit_status`` is in the file's last bytes. The whole file is parsed only when
-    it does not start with ``{`` and end with ``}``, to report it as corrupt.
+    it does not start with ``{`` and end with ``}``, to report it as corrupt. A path that is not a regular file (inside
+    ``within`` when given) is unusable, and never opened.
     """
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(64).lstrip()
+        with open_regular(path, within) as handle:
+            head = (handle.read(64) or b"").lstrip()
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
             handle.seek(max(0, size - TAIL_BYTES))
-            tail = handle.read()
+            tail = handle.read(TAIL_BYTES) or b""  # at most the tail, even of a file that grows meanwhile
     except OSError as exc:
         return None, _reason(exc)
     if not (head.startswith(b"{") and tail.rstrip().endswith(b"}")):
         try:
-            data = load_json(path.read_bytes())
+            data = load_json(read_regular(path, within=within))
         except (OSError, ValueError, MemoryError) as exc:
             return None, _reason(exc)
         if not isinstance(data, dict):

@@ -166,8 +166,10 @@ def describe(changes: Sequence[tuple[str, Any, Any]]) -> str:
 
 def read(path: Path) -> dict[str, Any] | None:
     """A ``settings.json`` as a dict; None when absent or unreadable."""
+    from ..regular_files import read_regular_text
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(path, within=Path(path).parent))  # never a FIFO, device or outside link
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
