@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidTaskError
+from .submissions import submission_schema
 
 COMPONENT_KINDS = ("backend", "parser", "template", "reward", "isolator", "history")
 KINDS = ("task",) + COMPONENT_KINDS
@@ -88,6 +89,9 @@ class TaskSpec:
     worst_score: dict[str, float] = field(default_factory=dict)
     failure_reward: float | None = None
     score_format_exit: bool = False
+    # ours: the schema of the submission file (a mapping, see ``submissions.SubmissionSchema`` and docs/tasks.md),
+    # checked before the evaluator runs; a malformed one is refused when the spec is made (None: no check)
+    submission: dict[str, Any] | None = None
     # ours
     root: str | None = None
     source: str | None = None
@@ -106,6 +110,10 @@ class TaskSpec:
     registered_as: str | None = field(default=None, compare=False)
     """The name the registry was asked for (``mlgym/<id>`` for a namespaced task), for messages to name the task as
     the user does (``mlgym-registry prepare NAME``); None for a spec that did not come from the registry."""
+
+    def __post_init__(self) -> None:
+        if self.submission is not None:
+            submission_schema(self)  # raises SubmissionSchemaError (an InvalidTaskError) naming the task and the fix
 
     # -- serialisation -------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -23,6 +23,29 @@ SECRET_FILES: dict[str, tuple[str, ...]] = {
 }
 """Workspace-relative files each task's evaluator reads that hold the answers: the agent must never see them."""
 
+_KAGGLE_SUBMISSION = {
+    # evaluate.py reads the SalePrice columns of data/answer.csv and of the submission and pairs them by position
+    # (it never reads Id); _generate_split.py writes answer.csv in the order of test.csv, as baseline.py writes its
+    # submission (columns Id and SalePrice, no index)
+    "id_column": "Id",
+    "rows_from": "data/answer.csv",
+    "ordered": True,
+    "columns": {"Id": "integer", "SalePrice": {"type": "number", "min": -1.0e9, "max": 1.0e9}},
+}
+SUBMISSIONS: dict[str, dict[str, object]] = {
+    # evaluate.py checks only that the columns PassengerId and Survived exist and that the row count is that of
+    # data/ground_truth.csv, then joins the two on PassengerId: 418 rows naming one passenger would all match
+    "titanicSurvival": {
+        "id_column": "PassengerId",
+        "rows_from": "data/ground_truth.csv",
+        "columns": {"PassengerId": "integer", "Survived": {"values": [0, 1]}},
+    },
+    "regressionKaggleHousePrice": _KAGGLE_SUBMISSION,
+    "regressionKaggleHousePriceL1": _KAGGLE_SUBMISSION,
+}
+"""The schema of each CSV-submission task's ``submission.csv`` (``mlgym_registry.submissions``), read from what
+its ``evaluate.py`` reads: checked before the evaluator runs, since MLGym's evaluators trust the file."""
+
 BASELINE_METRICS: dict[str, dict[str, float]] = {
     # the task file records only rmse; its L1 variant, which runs the same baseline.py and evaluate.py on the same
     # split, records this rmse (30340.111853413255) together with r2, the metric MLGym ranks the task by
@@ -80,6 +103,14 @@ def overlay_extras(task_id: str, extra: dict[str, object]) -> dict[str, object]:
 def overlay_secret_files(task_id: str) -> list[str]:
     """The evaluator-only files we add to MLGym's task ``task_id`` (``mlgym/`` prefix allowed); [] when none."""
     return list(SECRET_FILES.get(task_id.removeprefix("mlgym/"), ()))
+
+
+def overlay_submission(task_id: str) -> dict[str, object] | None:
+    """The submission schema we declare for MLGym's task ``task_id`` (``mlgym/`` prefix allowed); None when none."""
+    import copy
+
+    schema = SUBMISSIONS.get(task_id.removeprefix("mlgym/"))
+    return copy.deepcopy(schema) if schema is not None else None
 
 
 def overlay_baseline(task_id: str, baseline_scores: list[dict[str, float]]) -> list[dict[str, float]]:

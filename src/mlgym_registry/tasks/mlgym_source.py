@@ -22,7 +22,13 @@ from ..errors import InvalidTaskError
 from ..hookspecs import hookimpl
 from ..specs import TaskSpec, load_task_yaml
 from .mlgym_metrics import mlgym_ranking_metric
-from .mlgym_overlay import overlay_baseline, overlay_extras, overlay_requirements, overlay_secret_files
+from .mlgym_overlay import (
+    overlay_baseline,
+    overlay_extras,
+    overlay_requirements,
+    overlay_secret_files,
+    overlay_submission,
+)
 
 ROOT_ENV = "MLGYM_ROOT"
 NAMESPACE = "mlgym/"
@@ -109,7 +115,8 @@ def load_dataset(root: Path, relative: str) -> dict[str, Any]:
 
 def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
     """The ``TaskSpec`` of one task file of an MLGym checkout, with its datasets, aliases file and the mlgym tag, and
-    our overlay (``mlgym_overlay``): the files only its evaluator may see, and baseline metrics the file omits."""
+    our overlay (``mlgym_overlay``): the files only its evaluator may see, baseline metrics the file omits, and the
+    schema its submission is checked against before its evaluator runs."""
     path, root = Path(path), Path(root)
     spec = load_task_yaml(path, root=root)
     if spec.task_entrypoint not in ENTRYPOINTS:
@@ -128,6 +135,7 @@ def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
         secret_files=list(dict.fromkeys([*spec.secret_files, *overlay_secret_files(spec.id)])),
         baseline_scores=overlay_baseline(spec.id, list(spec.baseline_scores)),
         requirements=spec.requirements if spec.requirements is not None else overlay_requirements(spec.id),
+        submission=spec.submission if spec.submission is not None else overlay_submission(spec.id),
         datasets=[load_dataset(root, item) for item in spec.dataset_configs],
         aliases_file=str(aliases) if aliases.is_file() else None,
         tags=[TAG] + [t for t in spec.tags if t != TAG],
