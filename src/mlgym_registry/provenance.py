@@ -6,6 +6,9 @@ endpoint without credentials, sampling settings, the file a replay replays), the
 its numbers depend on, and when it started and ended. No keys: an endpoint is recorded without user, password or
 query. With the seed, ``run --policy replay:PATH`` (and ``replay``) rebuild the run as it was on the same
 installation: the evaluator's seed is derived from the seed and the installation's key (see ``seeding.py``).
+
+A record read back may come from anywhere: readers take settings from it only through ``record_trust.split_record``,
+which lets it choose the task, components, seed and ``max_steps``, and never the backend or its options.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .regular_files import read_regular_text
 from .specs import COMPONENT_KINDS, TaskSpec
 
 KEY = "run"
@@ -78,22 +82,16 @@ def run_record(spec: TaskSpec, policy: Any, seed: int | None) -> dict[str, Any]:
 
 def recorded_run(path: str | Path) -> dict[str, Any] | None:
     """The ``"run"`` record of a recorded episode (its ``.traj``, or the ``results.json`` beside it or given),
-    None when it has none (MLGym's own runs, or ours from before records)."""
+    None when it has none (MLGym's own runs, or ours from before records). Untrusted: take settings from it through
+    ``record_trust.split_record`` only."""
     path = Path(path)
     candidates = [path] if path.suffix == ".json" else [path, path.with_name("results.json")]
     for candidate in candidates:
         try:
-            data = json.loads(candidate.read_text(encoding="utf-8"))
+            data = json.loads(read_regular_text(candidate))  # never a FIFO or device beside the run
         except (OSError, ValueError):
             continue
         record = data.get(KEY) if isinstance(data, dict) else None
         if isinstance(record, dict):
             return record
     return None
-
-
-def recorded_components(record: dict[str, Any] | None) -> dict[str, str]:
-    """``{kind: name}`` of the components a record names (empty for None)."""
-    components = (record or {}).get("components") or {}
-    return {kind: str(item["name"]) for kind, item in components.items()
-            if isinstance(item, dict) and item.get("name")}

@@ -4,6 +4,11 @@ MLGym's starter files changed after many of its published runs were recorded (li
 every line), so a recorded ``edit N:M`` only lands where it did when it meets the file version the run saw. A run
 shows that version the first time it opens a file, before it has changed it: the window lists every line as
 ``<n>:<text>`` when the file fits in the window.
+
+Only the agent's own starter files are rebuilt so. A window is text the agent's commands printed, and an agent can
+print anything (a forged ``evaluate.py``, an opponent that always cooperates): every file the backend keeps a
+pristine copy of or hides (the task's ``evaluation_paths``, ``protected_files`` and ``secret_files``, and the
+datasets' ``data`` folder) always comes from the task itself, and so does every starter folder.
 """
 
 from __future__ import annotations
@@ -38,15 +43,60 @@ def first_windows(steps: Iterable[tuple[str, str | None]]) -> dict[str, str]:
     return found
 
 
+DATA_FOLDER = "data"
+"""Where the local backend puts a task's local datasets in the workspace (``backends/local/workspace.py``)."""
+
+
+def protected_paths(spec: TaskSpec) -> set[str]:
+    """The workspace paths of ``spec`` that the agent may not change its score through: evaluation, protected and
+    secret files, and the datasets' folder (normalised: no ``./`` in front, no ``/`` behind)."""
+    paths = [*spec.evaluation_paths, *spec.protected_files, *spec.secret_files, DATA_FOLDER]
+    return {normal for normal in (_normal(path) for path in paths) if normal}
+
+
+def _normal(path: str) -> str:
+    text = str(path).strip().replace("\\", "/")
+    while text.startswith("./"):
+        text = text[2:]
+    return text.strip("/")
+
+
+def is_protected(name: str, protected: set[str]) -> bool:
+    """True when the workspace path ``name`` is one of ``protected``, lies inside one, or holds one."""
+    name = _normal(name)
+    return any(name == path or name.startswith(path + "/") or path.startswith(name + "/") for path in protected)
+
+
+def rebuildable(spec: TaskSpec) -> dict[str, Path]:
+    """``{workspace name: task file}`` of the starter files a replay may rebuild from recorded windows: the regular
+    files of ``starter_code`` that are not protected (``protected_paths``)."""
+    protected = protected_paths(spec)
+    found: dict[str, Path] = {}
+    for item in spec.starter_code:
+        source = spec.resolve_path(item)
+        if source.is_file() and not source.is_symlink() and not is_protected(source.name, protected):
+            found[source.name] = source
+    return found
+
+
+def task_kept(spec: TaskSpec, windows: dict[str, str]) -> list[str]:
+    """The starter files that ``windows`` shows but that stay the task's own (protected files, folders)."""
+    allowed = rebuildable(spec)
+    names = {spec.resolve_path(item).name for item in spec.starter_code}
+    return sorted(name for name in windows if name in names and name not in allowed)
+
+
 def with_recorded_starters(spec: TaskSpec, windows: dict[str, str], folder: Path) -> tuple[TaskSpec, list[str]]:
-    """``spec`` with the starter files named in ``windows`` replaced by their recorded text (written into ``folder``).
+    """``spec`` with the agent's starter files named in ``windows`` replaced by their recorded text (written into
+    ``folder``); the task's protected files and folders are never replaced (``rebuildable``).
 
     Returns the new spec and the names of the files replaced. Files the run never showed whole keep the task's own.
     """
+    allowed = rebuildable(spec)
     starter_code, replaced = [], []
     for item in spec.starter_code:
-        name = Path(item).name
-        if name in windows:
+        name = spec.resolve_path(item).name
+        if name in windows and name in allowed:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / name).write_text(windows[name])
             starter_code.append(str((folder / name).resolve()))

@@ -81,6 +81,7 @@ def main(args: argparse.Namespace) -> int:
                           options=options, components=component_choices(args)) for task in dict.fromkeys(args.tasks)]
     policy = policy_text(args)
     check_policy(policy)
+    check_replayed_record(policy, specs, options)
     model = suite.safe_name(args.model_name) if args.model_name else suite.policy_model_name(args.policy)
     engine = None
     if args.ray is not None:
@@ -130,6 +131,20 @@ def main(args: argparse.Namespace) -> int:
         print(f"{progress.failed} runs did not end well; run the same command again to play them again")
         return EXIT_RUNS_FAILED
     return EXIT_DONE
+
+
+def check_replayed_record(policy: str, specs: list, options: dict) -> None:
+    """A ``replay:PATH`` policy plays the recorded actions only: nothing else is taken from the run's record, and a
+    record whose backend options differ from the ones each task is benched with refuses the suite
+    (``RecordedSettingsRefused``) until ``-o KEY=VALUE`` passes them again (``record_trust``)."""
+    from ..record_trust import TypedSettings, check_record, read_record
+
+    kind, _, path = str(policy).partition(":")
+    settings = read_record(path) if kind == "replay" and path else None
+    if settings is None:
+        return
+    for spec in specs:
+        check_record(path, settings, spec, TypedSettings(options=dict(options)), kinds=("option",))
 
 
 def interrupted(out: Path, record: dict, runs: list, finished_before: int, bar: SuiteBar | None) -> int:

@@ -8,6 +8,11 @@ The task defaults to ``mlgym/<id>`` when an MLGym checkout is registered, else t
 warning: recorded ``edit N:M`` commands were aimed at MLGym's starter files, whose line numbers ours need not share.
 
 ``OUT`` follows ``run``'s rule: a folder that already holds a run, or that another run is writing to, is refused.
+
+A run this package recorded replays on the task, components, seed and max steps its record names; nothing that
+decides confinement or trust (the backend, its options) is taken from a record, and one that differs from what this
+command would use refuses the replay until the command line passes it again (``record_trust``). Starter files rebuilt
+from the recorded windows are only the agent's own: the evaluator, protected files and data always come from the task.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..recorded_files import first_windows, with_recorded_starters
+from ..record_trust import RecordSettings, TypedSettings, check_record, read_record
+from ..recorded_files import first_windows, task_kept, with_recorded_starters
+from ..regular_files import split_regular
 from ..tasks.mlgym_metrics import mlgym_ranking_metric
 from ..terminal import printable
 from ..trajectories import load_recorded
@@ -46,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="a new folder for the report, .traj and results.json (default: "
                         "runs/replay-<id>-<time>); a folder that already holds a run is refused")
     add_episode_arguments(parser)
+    parser.add_argument("--backend", default=None, help="backend name (default: the task's, usually 'local'); a "
+                        "recorded run never chooses it")
     parser.add_argument(
         "--starter-files", choices=("recorded", "task"), default=None,
         help="recorded: start from the file versions the run showed when it first opened them, so its "
@@ -134,11 +143,13 @@ def default_task(trajectory_path: Path, environment: str = "mlgym_main") -> tupl
 def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None = None, seed: int | None = None,
            stream: TextIO | None = None, warnings: list[str] | None = None,
            options: dict[str, Any] | None = None, training_timeout: int | None = None,
-           starter_files: str = "recorded", components: dict[str, str] | None = None) -> ReplayReport:
+           starter_files: str = "recorded", components: dict[str, str] | None = None,
+           backend: str | None = None) -> ReplayReport:
     """Replay ``trajectory_path`` on ``task``, write our ``.traj``, ``results.json`` and the report to ``out``.
 
     With ``starter_files="recorded"`` the workspace starts from the file versions the recorded run showed when it
-    first opened them (see ``recorded_files``), written to ``out/recorded-starters``.
+    first opened them (see ``recorded_files``), written to ``out/recorded-starters``: only the agent's own files; the
+    task's evaluation, protected, secret and data files stay the task's own, whatever the recording showed.
 
     ``options`` are backend options. Replayed edits can land on other lines than in the recorded run and so make
     a strategy that never ends: a shorter ``training_timeout`` (seconds per evaluation) keeps such a replay short.
@@ -151,10 +162,12 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
 
     recorded = load_recorded(Path(trajectory_path))
     spec = with_changes(registry.spec(task), max_steps=max_steps, training_timeout=training_timeout, options=options,
-                        components=components)
+                        components=components, backend=backend)
     replaced: list[str] = []
+    kept: list[str] = []
     if starter_files == "recorded":
         windows = first_windows((step.action or "", step.observation) for step in recorded.steps)
+        kept = task_kept(spec, windows)
         spec, replaced = with_recorded_starters(spec, windows, out / "recorded-starters")
     report = ReplayReport(
         source=str(trajectory_path),
@@ -166,6 +179,9 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
     )
     if replaced:
         report.warnings.append(f"started from the recorded versions of {', '.join(replaced)}")
+    if kept:
+        report.warnings.append(f"kept the task's own {', '.join(kept)}: a replay never rebuilds the task's "
+                               f"evaluation, protected or data files from what the recorded run showed")
     writer = TrajectoryWriter(out, spec.id.replace("/", "_"), baseline=spec.baseline,
                               environment=f"mlgym_registry:{spec.backend}")
     policy = ReplayPolicy(recorded)
@@ -242,6 +258,10 @@ def recorded_paths(arguments: list[str]) -> list[Path]:
     for argument in arguments:
         path = Path(argument)
         found = sorted(path.rglob("*.traj")) if path.is_dir() else [path]
+        if path.is_dir():  # a FIFO, socket, device or folder named *.traj, or a link out of the folder: skipped
+            found, skipped = split_regular(found, within=path)
+            for line in skipped:
+                print(f"mlgym-registry replay: warning: {printable(line)}; skipped", file=sys.stderr)
         if path.is_dir() and not found:
             raise SystemExit(f"no .traj file in the folder {argument!r}; pass a .traj file or a folder of runs")
         paths += [p for p in found if p not in paths]
@@ -272,7 +292,7 @@ def main_one(args: argparse.Namespace, path: Path) -> int:
     plan = plan_replay(path, recorded.environment, args)
     # every option is checked before the --out folder is made
     with_changes(registry.spec(plan.task), max_steps=plan.max_steps, training_timeout=args.training_timeout,
-                 options=plan.options, components=plan.components)
+                 options=plan.options, components=plan.components, backend=plan.backend)
     for warning in plan.warnings:
         print(f"mlgym-registry replay: warning: {printable(warning)}", file=sys.stderr)
     out = Path(args.out) if args.out else default_out(f"replay-{plan.task.replace('/', '_')}")
@@ -280,7 +300,7 @@ def main_one(args: argparse.Namespace, path: Path) -> int:
         report = replay(path, plan.task, out, max_steps=plan.max_steps, seed=plan.seed, warnings=plan.warnings,
                         stream=None if args.quiet else sys.stdout, options=plan.options,
                         training_timeout=args.training_timeout, starter_files=plan.starter_files,
-                        components=plan.components)
+                        components=plan.components, backend=plan.backend)
     print(printable(format_report(report)))
     print(f"wrote {out / 'replay-report.json'}")
     return 0
@@ -288,7 +308,8 @@ def main_one(args: argparse.Namespace, path: Path) -> int:
 
 @dataclass
 class ReplayPlan:
-    """What one replay runs on: the command line's choices, else what the run recorded (``provenance``)."""
+    """What one replay runs on: the command line's choices, else what the run recorded and a record may choose
+    (``record_trust``)."""
 
     task: str
     warnings: list[str]
@@ -297,28 +318,44 @@ class ReplayPlan:
     components: dict[str, str]
     options: dict[str, Any]
     starter_files: str
+    backend: str | None = None
+
+
+def typed_settings(args: argparse.Namespace) -> TypedSettings:
+    """What the command line of ``replay`` (or ``run``) gives, the values that win over a record."""
+    from .run import component_choices
+
+    return TypedSettings(task=getattr(args, "task", None), seed=args.seed, max_steps=args.max_steps,
+                         backend=getattr(args, "backend", None), components=component_choices(args),
+                         options=backend_options(args.backend_option))
 
 
 def plan_replay(path: Path, environment: str, args: argparse.Namespace) -> ReplayPlan:
-    """The replay of ``path``: a run we recorded replays on its recorded task, components, seed, max steps and
-    backend options, from the task's own starter files, unless the command line says otherwise; an MLGym run on
-    ``mlgym/<id>`` (or our ``<id>``) from the file versions it showed (``--starter-files``)."""
-    from ..provenance import recorded_components, recorded_run
-    from .run import component_choices
+    """The replay of ``path``: a run we recorded replays on its recorded task, components, seed and max steps, from
+    the task's own starter files, unless the command line says otherwise; an MLGym run on ``mlgym/<id>`` (or our
+    ``<id>``) from the file versions it showed (``--starter-files``).
 
-    record = recorded_run(path) or {}
-    task, warnings = ((args.task, []) if args.task else
-                      (str(record["task"]["name"]), []) if record.get("task", {}).get("name") else
+    The backend and its options are the command line's and the task's: a record that sets them otherwise is refused
+    (``RecordedSettingsRefused``) until the command line passes them again.
+    """
+    from ..registry import registry
+
+    settings = read_record(path)
+    trusted = settings or RecordSettings()
+    typed = typed_settings(args)
+    if not typed.task and not trusted.task:
+        check_record(path, trusted, None, typed, kinds=("task",))  # a task the record names but may not choose
+    task, warnings = ((typed.task, []) if typed.task else (trusted.task, []) if trusted.task else
                       default_task(path, environment))
-    components = {**{kind: name for kind, name in recorded_components(record).items() if kind != "backend"},
-                  **component_choices(args)}
+    check_record(path, trusted, registry.spec(task), typed)
     return ReplayPlan(
-        task=task, warnings=warnings,
-        seed=args.seed if args.seed is not None else record.get("seed"),
-        max_steps=args.max_steps if args.max_steps is not None else record.get("max_steps"),
-        components=components,
-        options={**(record.get("backend_options") or {}), **backend_options(args.backend_option)},
-        starter_files=args.starter_files or ("task" if record else "recorded"),
+        task=task, warnings=warnings + trusted.warnings,
+        seed=typed.seed if typed.seed is not None else trusted.seed,
+        max_steps=typed.max_steps if typed.max_steps is not None else trusted.max_steps,
+        components={**trusted.components, **typed.components},
+        options=typed.options,
+        starter_files=args.starter_files or ("task" if settings is not None else "recorded"),
+        backend=typed.backend,
     )
 
 
@@ -340,7 +377,7 @@ def main_many(args: argparse.Namespace, paths: list[Path]) -> int:
         plans.append((path, plan_replay(path, recorded.environment, args)))
     for _, plan in plans:
         with_changes(registry.spec(plan.task), max_steps=plan.max_steps, training_timeout=args.training_timeout,
-                     options=plan.options, components=plan.components)
+                     options=plan.options, components=plan.components, backend=plan.backend)
     out = Path(args.out) if args.out else default_out("replay")
     jobs = min(args.jobs or default_jobs(), len(plans))
     failures = 0
@@ -357,7 +394,7 @@ def main_many(args: argparse.Namespace, paths: list[Path]) -> int:
             futures = [pool.submit(_replay_in_worker, path, plan.task, folder, plan.warnings,
                                    {"max_steps": plan.max_steps, "seed": plan.seed, "options": plan.options,
                                     "training_timeout": args.training_timeout, "starter_files": plan.starter_files,
-                                    "components": plan.components})
+                                    "components": plan.components, "backend": plan.backend})
                        for (path, plan), folder in zip(plans, folders, strict=True)]
             for (path, _), folder, future in zip(plans, folders, futures, strict=True):
                 try:

@@ -153,11 +153,11 @@ def _task_band(task: str, metric: str, runs: Sequence[Run], timeout: float) -> t
 
 
 def _as_played(spec: Any, runs: Sequence[Run]) -> Any:
-    """``spec`` with the backend options and training timeout the runs recorded (the first run that records any)."""
+    """``spec`` with the training timeout the runs recorded (the first run that records any). Their backend options
+    are never taken: a run folder may come from anywhere, and a record never chooses how the starter code is confined
+    (``record_trust``); the band is measured under the task's own options."""
     settings = next((run.settings for run in runs if run.settings), None) or {}
     changes: dict[str, Any] = {}
-    if settings.get("backend_options"):
-        changes["backend_options"] = {**spec.backend_options, **settings["backend_options"]}
     if settings.get("training_timeout"):
         changes["training_timeout"] = settings["training_timeout"]
     return spec.replace(**changes) if changes else spec
