@@ -12,9 +12,10 @@ from pathlib import Path
 
 from ... import seeding
 from ...specs import TaskSpec
+from ...submissions import submission_schema
+from . import cgroups, procs, toolset
 from . import limits as limits_mod
 from . import sandbox as sandbox_mod
-from . import toolset
 from .evaluation import HARNESS_DIR, Evaluator
 from .resources import Folders, Resources
 from .session import ShellSession
@@ -129,8 +130,20 @@ class Confinement:
         that shows it read-only, in the session's cgroups; unsandboxed, behind ``prefix``."""
         if not self.sandboxed:
             return [*self.prefix, *argv]
-        return [*self._limits_prefix(self.resources.cgroup, self.resources.memory),
+        return [*self._limits_prefix(self.resources.cgroup, self.resources.memory, cgroups.EVAL),
                 *sandbox_mod.command(argv, self.sandbox_spec(view, writable=False))]
+
+    def evaluation_usage(self, roots: set[int]) -> cgroups.Usage:
+        """The CPU an evaluation used and waited for so far: its cgroup's (``cgroups.Envelope.usage``), else its
+        processes' threads' (``roots`` and their descendants), the fallback where no cgroup could be made."""
+        envelope = self.resources.envelope
+        if envelope is not None:
+            return envelope.usage(cgroups.EVAL)
+        pids = set(roots)
+        for root in roots:
+            pids |= procs.descendants(root)
+        cpu, waits = cgroups.thread_times(cgroups.process_threads(pids))
+        return cgroups.Usage(cpu, None, waits)
 
     def evaluator(
         self, *, seeds: seeding.EpisodeSeeds, timeout: float, max_output_bytes: int, max_snapshot_bytes: int | None,
@@ -151,7 +164,8 @@ class Confinement:
             wrap=self.wrap_evaluation,
             workspace_path=str(self.task_workspace) if self.sandboxed else None,
             secrets=frozenset(self.files.secrets),
-            preexec=self.preexec(),  # sandboxed: None, the limits are in the wrap's prefix
+            preexec=self.preexec(cgroups.EVAL),  # sandboxed: None, the limits are in the wrap's prefix
+            cpu_usage=self.evaluation_usage,
             max_output_bytes=max_output_bytes,
             max_snapshot_bytes=max_snapshot_bytes,
             extra_env=extra,
@@ -159,27 +173,32 @@ class Confinement:
             limit_events=self.resources.limit_events,
             agent_modules=frozenset(_module_names(self.spec.starter_code)),
             agent_code_in_process=agent_code_in_process,
+            submission_schema=submission_schema(self.spec),
         )
 
-    def preexec(self) -> Callable[[], None] | None:
-        """What an unsandboxed process runs before its program (join the cgroups, set the limits); None when
-        sandboxed, where ``_limits_prefix`` does it."""
+    def preexec(self, part: str = cgroups.AGENT, cgroup: limits_mod.PidsCgroup | None = None,
+                memory: limits_mod.MemoryCgroup | None = None) -> Callable[[], None] | None:
+        """What an unsandboxed process runs before its program (join ``cgroup``, ``memory``, default the session's,
+        and the envelope's ``part``; set the limits); None when sandboxed, where ``_limits_prefix`` does it."""
         if self.sandboxed:
             return None
-        cgroups = [c.procs_file for c in (self.resources.cgroup, self.resources.memory) if c is not None]
+        cgroup = cgroup or self.resources.cgroup
+        memory = memory or self.resources.memory
         return limits_mod.make_preexec(
-            self.limits, self.nproc, cgroups, memory_rlimit=self.resources.memory is None, file_size_mb=self.max_file_mb
+            self.limits, self.nproc, self.resources.join_files(part, cgroup, memory), memory_rlimit=memory is None,
+            file_size_mb=self.max_file_mb,
         )
 
     def new_session(
         self, cgroup: limits_mod.PidsCgroup | None, memory: limits_mod.MemoryCgroup | None, *, max_output_bytes: int
     ) -> ShellSession:
         """Start a shell (sandboxed: in a new sandbox) whose processes are in ``cgroup`` and ``memory``."""
+        part = self.resources.joining  # the agent's part, or the spare one for a shell started ahead
         prefix: Sequence[str] = self.prefix
         if self.sandboxed:
             # no preexec_fn: with one, Python forks this whole process instead of using vfork (see exec_prefix)
             prefix = (
-                *self._limits_prefix(cgroup, memory),
+                *self._limits_prefix(cgroup, memory, part),
                 *sandbox_mod.command([], self.sandbox_spec(self.folders.workspace, writable=True)),
             )
         return ShellSession(
@@ -187,9 +206,9 @@ class Confinement:
             self.environment(),
             bash=self.bash,
             prefix=prefix,
-            preexec=self.preexec(),
+            preexec=self.preexec(part, cgroup, memory),
             max_output_bytes=max_output_bytes,
-            extra_kill=cgroup.members if cgroup else None,
+            extra_kill=self.resources.members_of_part(part, cgroup),
             sandboxed=self.sandboxed,
         )
 
@@ -218,13 +237,14 @@ class Confinement:
         return f"source {quote(self.commands_path() + '/' + name)}"
 
     def _limits_prefix(
-        self, cgroup: limits_mod.PidsCgroup | None, memory: limits_mod.MemoryCgroup | None
+        self, cgroup: limits_mod.PidsCgroup | None, memory: limits_mod.MemoryCgroup | None, part: str
     ) -> list[str]:
-        """The shell prefix that puts a sandbox in this env's cgroups and limits (``limits.exec_prefix``): with a
-        ``preexec_fn`` instead, Python would fork the whole driver, a trainer holding a model included."""
-        cgroups = [c.procs_file for c in (cgroup, memory) if c is not None]
-        return limits_mod.exec_prefix(self.bash, self.limits, self.nproc, cgroups,
-                                      memory_rlimit=memory is None, file_size_mb=self.max_file_mb)
+        """The shell prefix that puts a sandbox in this env's cgroups (the envelope's ``part`` among them) and limits
+        (``limits.exec_prefix``): with a ``preexec_fn`` instead, Python would fork the whole driver, a trainer
+        holding a model included."""
+        joins = self.resources.join_files(part, cgroup, memory)
+        return limits_mod.exec_prefix(self.bash, self.limits, self.nproc, joins, memory_rlimit=memory is None,
+                                      file_size_mb=self.max_file_mb)
 
 
 def quote(value: object) -> str:

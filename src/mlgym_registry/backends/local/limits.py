@@ -4,6 +4,8 @@
 - Process count: a ``pids`` cgroup when this process may create one (typically as root, where ``RLIMIT_NPROC`` does
   not apply), else ``RLIMIT_NPROC`` set to the user's current count plus the allowance.
 - Memory: a memory cgroup for the whole env when this process may make one, else ``RLIMIT_AS`` per process.
+- CPU share: the env's CPU cgroups (``cgroups.py``); on the unified (v2) hierarchy they also hold the process and
+  memory limits, since a process is in one v2 cgroup only.
 - File size: ``RLIMIT_FSIZE``.
 - Network, only for ``sandbox="none"`` (the sandbox has its own network namespace): the shell runs under
   ``unshare -n`` when the OS permits it; this is checked once per process, with a one-time warning when it is not.
@@ -35,6 +37,8 @@ class Limits:
     memory_limit_mb: int | None = None
     cpu_seconds: int | None = None
     max_processes: int | None = None
+    cpu_cores: float | None = None
+    """A hard quota on the env's CPU, in cores (None: no quota, the env's fair share when CPUs are contended)."""
 
 
 def _set(which: int, value: int) -> None:
@@ -159,10 +163,14 @@ def user_process_count() -> int:
 
 
 class Cgroup:
-    """A cgroup of our own (v1 or v2): processes join it between fork and exec and stay in it with their children."""
+    """A cgroup of our own (v1 or v2): processes join it between fork and exec and stay in it with their children.
 
-    def __init__(self, path: Path):
+    ``joinable=False``: the env's folder on the unified hierarchy (``cgroups.Envelope``), whose processes are in its
+    subfolders (a v2 process is in one cgroup only): they join those, and ``members`` counts them too."""
+
+    def __init__(self, path: Path, joinable: bool = True):
         self.path = path
+        self.joinable = joinable
 
     @property
     def procs_file(self) -> str:
@@ -170,11 +178,15 @@ class Cgroup:
         return str(self.path / "cgroup.procs")
 
     def members(self) -> set[int]:
-        """The pids in the cgroup now."""
-        try:
-            return {int(line) for line in (self.path / "cgroup.procs").read_text().split()}
-        except OSError:
-            return set()
+        """The pids in the cgroup now (and in its subfolders, for the unified hierarchy's env folder)."""
+        folders = [self.path] if self.joinable else [self.path, *_subfolders(self.path)]
+        found: set[int] = set()
+        for folder in folders:
+            try:
+                found |= {int(line) for line in (folder / "cgroup.procs").read_text().split()}
+            except OSError:
+                continue
+        return found
 
     def remove(self) -> None:
         """Delete the (empty) cgroup."""
@@ -243,8 +255,8 @@ class PidsCgroup(Cgroup):
 class MemoryCgroup(Cgroup):
     """A memory cgroup (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``): one limit for a whole env."""
 
-    def __init__(self, path: Path, v2: bool):
-        super().__init__(path)
+    def __init__(self, path: Path, v2: bool, joinable: bool = True):
+        super().__init__(path, joinable)
         self.v2 = v2
 
     @classmethod
@@ -280,20 +292,12 @@ def _set_memory_limit(path: Path, limit: int, v2: bool) -> None:
 
 
 def _memory_parents() -> list[tuple[Path, bool]]:
+    """Where a v1 memory cgroup can be made (on v2, ``cgroups.Envelope`` sets the limit on the env's folder)."""
     parents: list[tuple[Path, bool]] = []
     v1 = Path("/sys/fs/cgroup/memory")
     if (v1 / "cgroup.procs").exists():
         own = _own_cgroup("memory")
         parents += [(v1 / own.lstrip("/"), False)] if own else []
-    for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
-        if (mount / "cgroup.controllers").exists():
-            own = _own_cgroup("")
-            base = mount / own.lstrip("/") if own is not None else mount
-            try:
-                if "memory" in (base / "cgroup.subtree_control").read_text().split():
-                    parents.append((base, True))
-            except OSError:
-                pass
     return parents
 
 
@@ -330,22 +334,21 @@ def _rmdir(path: Path) -> None:
 
 
 def _candidate_parents() -> list[Path]:
+    """Where a v1 pids cgroup can be made (on v2, ``cgroups.Envelope`` sets the limit on the env's folder)."""
     parents = []
     v1 = Path("/sys/fs/cgroup/pids")
     if (v1 / "cgroup.procs").exists():
         own = _own_cgroup("pids")
         parents += [v1 / own.lstrip("/")] if own else []
         parents.append(v1)
-    for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
-        if (mount / "cgroup.controllers").exists():
-            own = _own_cgroup("")
-            base = mount / own.lstrip("/") if own is not None else mount
-            try:
-                if "pids" in (base / "cgroup.subtree_control").read_text().split():
-                    parents.append(base)
-            except OSError:
-                pass
     return parents
+
+
+def _subfolders(path: Path) -> list[Path]:
+    try:
+        return [entry for entry in path.iterdir() if entry.is_dir()]
+    except OSError:
+        return []
 
 
 def _own_cgroup(controller: str) -> str | None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cgroups
 from . import limits as limits_mod
 from .evaluation import Started, force_rmtree
 from .session import ShellSession
@@ -62,6 +63,10 @@ class Resources:
         self.session: ShellSession | None = None
         self.cgroup: limits_mod.PidsCgroup | None = None
         self.memory: limits_mod.MemoryCgroup | None = None
+        self.envelope: cgroups.Envelope | None = None
+        """The env's CPU cgroups (and, on the unified hierarchy, the folder holding its limits): ``cgroups.py``."""
+        self.joining = cgroups.AGENT
+        """Which part of the envelope a shell started now joins: ``SPARE`` while ``start_warm`` starts one."""
         self.owner_lock: int | None = None
         self.warm: ShellSession | None = None
         """The next episode's shell, started ahead in its own sandbox and in the spare cgroups (see ``reset``)."""
@@ -81,23 +86,38 @@ class Resources:
         """Make the session's cgroups for ``limits``; return the ``RLIMIT_NPROC`` to set instead when no pids cgroup
         could be made (None when none is needed or it would not apply: then a note says so)."""
         nproc: int | None = None
-        if limits.max_processes:
+        self.envelope = cgroups.Envelope.create(
+            limits.cpu_cores, limits.max_processes, limits.memory_limit_mb << 20 if limits.memory_limit_mb else None)
+        envelope = self.envelope
+        if envelope is None:
+            cgroups.warn_no_envelope()
+            notes.append(cgroups.NO_CPU_ENVELOPE)
+        elif not envelope.weighted:
+            notes.append(cgroups.NO_CPU_WEIGHT)
+        if envelope is not None and "pids" in envelope.v2_limits:
+            self.cgroup = limits_mod.PidsCgroup(envelope.roots["unified"], joinable=False)
+        if envelope is not None and "memory" in envelope.v2_limits:
+            self.memory = limits_mod.MemoryCgroup(envelope.roots["unified"], v2=True, joinable=False)
+        if limits.max_processes and self.cgroup is None:
             self.cgroup = limits_mod.PidsCgroup.create(limits.max_processes)
             if self.cgroup is None and os.geteuid() != 0:
                 nproc = limits_mod.user_process_count() + limits.max_processes
             elif self.cgroup is None:
                 notes.append("max_processes is not enforced: no pids cgroup could be created, and running as "
                              "root RLIMIT_NPROC does not apply")
-        if limits.memory_limit_mb:
+        if limits.memory_limit_mb and self.memory is None:
             self.memory = limits_mod.MemoryCgroup.create(limits.memory_limit_mb)
         return nproc
 
     def make_spare_cgroups(self, limits: limits_mod.Limits) -> bool:
-        """Make the spare cgroups a warm shell waits in, like the session's; False when they cannot be made."""
+        """Make the spare cgroups a warm shell waits in, like the session's; False when they cannot be made. On the
+        unified hierarchy the env's folder holds the limits, and the spare shell waits in its own subfolder of it."""
         if self.cgroup is not None:
-            self.spare_cgroup = limits_mod.PidsCgroup.create(limits.max_processes or 0)
+            self.spare_cgroup = self.cgroup if not self.cgroup.joinable else limits_mod.PidsCgroup.create(
+                limits.max_processes or 0)
         if self.memory is not None:
-            self.spare_memory = limits_mod.MemoryCgroup.create(limits.memory_limit_mb or 0)
+            self.spare_memory = self.memory if not self.memory.joinable else limits_mod.MemoryCgroup.create(
+                limits.memory_limit_mb or 0)
         return (self.spare_cgroup is None) == (self.cgroup is None) and (self.spare_memory is None) == (
             self.memory is None)
 
@@ -105,6 +125,24 @@ class Resources:
         """The spare cgroups (the warm shell's) become the session's, and the session's the spare ones."""
         self.cgroup, self.spare_cgroup = self.spare_cgroup, self.cgroup
         self.memory, self.spare_memory = self.spare_memory, self.memory
+        if self.envelope is not None:
+            self.envelope.swap()
+
+    def join_files(
+        self, part: str, cgroup: limits_mod.PidsCgroup | None, memory: limits_mod.MemoryCgroup | None
+    ) -> list[str]:
+        """The files a process writes its pid to so as to be in ``cgroup``, ``memory`` and the envelope's ``part``
+        (``cgroups.AGENT``, ``SPARE`` or ``EVAL``) before it runs anything."""
+        files = [c.procs_file for c in (cgroup, memory) if c is not None and c.joinable]
+        return files + (self.envelope.procs_files(part) if self.envelope is not None else [])
+
+    def members_of_part(self, part: str, cgroup: limits_mod.PidsCgroup | None) -> Callable[[], set[int]] | None:
+        """What lists the processes of a shell started now in ``part``: its envelope folder (the one it joins now,
+        whatever part it plays later), else its pids cgroup; None when there is neither."""
+        if self.envelope is not None:
+            name, envelope = self.envelope.folder_name(part), self.envelope
+            return lambda: envelope.members_of(name)
+        return cgroup.members if cgroup is not None else None
 
     def limit_events(self) -> int:
         """Memory kills and process-limit hits of this env so far (each cgroup's own count)."""
@@ -161,9 +199,12 @@ class Resources:
             return
         try:
             self.warm_workspace = folder_identity(workspace)
+            self.joining = cgroups.SPARE
             self.warm = new_session(self.spare_cgroup, self.spare_memory)
         except OSError:
             self.warm = None
+        finally:
+            self.joining = cgroups.AGENT
 
     def take_warm(self, workspace: Path) -> ShellSession | None:
         """The warm shell, whose cgroups become the session's; None when there is none to take: it ended (its
@@ -189,10 +230,13 @@ class Resources:
                 session.resume(stopped)
 
     def stop_session(self) -> None:
-        """Kill the agent's shell and everything it started."""
+        """Kill the agent's shell and everything it started: what is still in its cgroup too (nothing, normally:
+        the sandbox's PID namespace ends with its shell)."""
         if self.session is not None:
             self.session.kill()
             self.session = None
+            if self.envelope is not None:
+                self.envelope.kill(cgroups.AGENT)
 
     def stop_warm(self) -> None:
         """Kill the next episode's shell, started ahead."""
@@ -223,6 +267,7 @@ class Resources:
             self.owner_lock = None
 
     def _remove_cgroups(self) -> None:
+        envelope, self.envelope = self.envelope, None
         for _ in range(2):  # the session's and the spare ones
             if self.cgroup is not None:
                 from . import procs
@@ -237,6 +282,8 @@ class Resources:
                 self.memory.remove()
                 self.memory = None
             self.swap_cgroups()
+        if envelope is not None:
+            envelope.remove()
 
     def _remove_root(self) -> None:
         if not force_rmtree(self.root):

@@ -1,0 +1,279 @@
+"""One env cannot change another env's score: what an agent leaves running stays inside its own env's CPU, memory
+and process envelope (``backends/local/cgroups.py``), and an evaluation's time limit counts only the time it could
+run (``eval_clock.py``).
+
+Env A is hostile: its agent leaves busy loops running (``setsid``, ``nohup``, a double fork), as many as its process
+limit allows without hitting it. Env B, in the same process, validates the honest starter strategy of the real
+prisonersDilemma with a short evaluation timeout. Everything is judged from the host: B's score against its score
+alone, B's status, the cgroups of A's processes (``/proc/<pid>/cgroup``), and that none of them is left after A's
+reset and close (psutil).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mlgym_registry import registry
+from mlgym_registry.backends.local import LocalBackend, cgroups, eval_clock
+
+from .helpers import SEED, open_backend, status, validate, write_file
+
+pytestmark = [pytest.mark.security, pytest.mark.slow]
+
+LOOPS = 90
+"""Busy loops A's agent leaves running (its process limit is 128: the shell and its sandbox take a few more)."""
+TIMEOUT = 10
+"""B's evaluation timeout (``training_timeout``). Alone, its validate takes well under a second of CPU. With A's
+loops competing one by one with it, as before envs had CPU cgroups, it ran out of this time on 2 cores
+(``agent_error``, "the evaluation did not finish within 10 seconds"); now it takes about a second."""
+
+HOSTILE = f"""\
+for i in $(seq {LOOPS - 2}); do setsid sh -c 'while :; do :; done' >/dev/null 2>&1 & done
+nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &
+( ( exec sh -c 'while :; do :; done' >/dev/null 2>&1 & ) & )
+echo started
+"""
+
+
+def busy_loops(env: LocalBackend) -> list[psutil.Process]:
+    """The processes of ``env``'s session running its busy loops (``sh -c 'while ...'``), seen from the host."""
+    root = psutil.Process(env._res.session.pid)
+    found = []
+    for process in root.children(recursive=True):
+        try:
+            if process.cmdline()[:2] == ["sh", "-c"] and "while" in process.cmdline()[2]:
+                found.append(process)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def wait_for_loops(env: LocalBackend, count: int, within: float = 30) -> list[psutil.Process]:
+    """``env``'s busy loops once ``count`` of them run (``setsid`` and ``nohup`` take a moment to become them)."""
+    deadline = time.monotonic() + within
+    while len(loops := busy_loops(env)) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return loops
+
+
+def wait_for_child(env: LocalBackend, name: str, within: float = 30) -> psutil.Process:
+    """The first process called ``name`` among ``env``'s session's descendants (it may still be starting)."""
+    deadline = time.monotonic() + within
+    while True:
+        for process in psutil.Process(env._res.session.pid).children(recursive=True):
+            try:
+                if process.name() == name:
+                    return process
+            except psutil.NoSuchProcess:
+                continue
+        assert time.monotonic() < deadline, f"no {name} process started"
+        time.sleep(0.05)
+
+
+def cgroup_paths(pid: int) -> dict[str, str]:
+    """The cgroup of ``pid`` per hierarchy (``"cpu"``, ``"pids"``, ..., ``""`` for the unified one), as the host
+    sees it."""
+    paths = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        for name in names.split(",") if names else [""]:
+            paths[name] = path
+    return paths
+
+
+def own_paths(env: LocalBackend) -> dict[str, str]:
+    """The cgroups ``env``'s agent processes must be in, per hierarchy, as ``/proc/<pid>/cgroup`` names them."""
+    res = env._res
+    agent = res.envelope.folder_name(cgroups.AGENT)
+    folders = [root / agent for root in res.envelope.roots.values()]
+    folders += [c.path for c in (res.cgroup, res.memory) if c is not None and c.joinable]
+    expected = {}
+    for folder in folders:
+        hierarchy = next(h for h in cgroups.hierarchies() if folder.is_relative_to(h.mount))
+        for name in hierarchy.controllers or {""}:
+            expected[name] = "/" + str(folder.relative_to(hierarchy.mount))
+    assert "" in expected or "cpu" in expected, expected
+    return expected
+
+
+def gone(pids: list[int]) -> bool:
+    """Whether none of ``pids`` runs any more (a zombie waiting for its reaper does not run)."""
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+@pytest.fixture
+def honest_spec():
+    """The real prisonersDilemma with a short evaluation timeout."""
+    return registry.spec("prisonersDilemma").replace(training_timeout=TIMEOUT)
+
+
+def test_busy_neighbour_cannot_change_an_honest_score(honest_spec, tmp_path):
+    if not any(h.controllers & {"cpu"} or h.v2 for h in cgroups.hierarchies()):
+        pytest.skip("no cgroup hierarchy with a cpu controller on this host")
+    honest = open_backend(honest_spec, workspace_dir=str(tmp_path))
+    hostile = None
+    try:
+        if honest._res.envelope is None or not honest._res.envelope.weighted:
+            pytest.skip(f"this host gives envs no CPU weight: {honest.notes}")
+        _, alone = validate(honest)
+        assert alone is not None and "Score" in alone, alone
+
+        hostile = open_backend(honest_spec, workspace_dir=str(tmp_path), max_processes=128)
+        output, code = status(hostile, HOSTILE, timeout=60)
+        assert code == 0 and "started" in output, output
+        loops = wait_for_loops(hostile, LOOPS)
+        assert len(loops) == LOOPS, f"only {len(loops)} busy loops started: {output}"
+        expected = own_paths(hostile)
+        for loop in loops:
+            paths = cgroup_paths(loop.pid)
+            assert {name: paths.get(name) for name in expected} == expected, (loop.pid, paths)
+        assert hostile._res.limit_events() == 0, "the attack must stay under its limits, or its loops are stopped"
+
+        honest.reset(seed=SEED)  # the same episode as the lone validate: the same evaluator seed
+        hostile_cpu = hostile._res.envelope.usage(cgroups.AGENT).cpu
+        started = time.monotonic()
+        observation, _, _, info = honest.step("validate")
+        took = time.monotonic() - started
+        score, info_status = (info["score"] or [None])[-1], info.get("evaluation_status")
+        hostile_used = hostile._res.envelope.usage(cgroups.AGENT).cpu - hostile_cpu
+
+        assert score == alone, f"neighbour changed the score: {score} (alone {alone}), {took:.1f} s:\n{observation}"
+        assert info_status == "ok", info_status
+        still = [loop for loop in loops if loop.is_running() and loop.status() != psutil.STATUS_ZOMBIE]
+        assert len(still) == len(loops), "the hostile env's loops must keep running during the test"
+        assert hostile_used > 0.1 * took, f"the hostile loops hardly ran ({hostile_used:.2f} s of CPU in {took:.1f})"
+
+        pids = [loop.pid for loop in loops]
+        hostile.reset()
+        assert gone(pids), "the hostile env's loops outlived its reset"
+        # its old agent cgroup now holds the next episode's shell, started ahead, and nothing of the loops
+        assert not set(pids) & hostile._res.envelope.members(cgroups.SPARE)
+        folders = hostile._res.envelope._distinct_roots()
+        hostile.close()
+        assert not any(folder.exists() for folder in folders), folders
+    finally:
+        honest.close()
+        if hostile is not None:
+            hostile.close()
+
+
+ESCAPES = r"""
+ls /sys/fs/cgroup 2>&1
+for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/cpu/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs; do
+  (echo $$ > "$f") 2>/dev/null && echo "JOINED $f"
+done
+mkdir -p /tmp/cg
+for how in "-t cgroup2 none" "-t cgroup -o cpu none" "-t cgroup -o pids none" "-t sysfs none"; do
+  mount $how /tmp/cg 2>/dev/null && echo "MOUNTED $how"
+  unshare -Urm sh -c "mount $how /tmp/cg && echo 0 > /tmp/cg/cgroup.procs && echo NESTED $how" 2>/dev/null
+  unshare -Urmc sh -c "mount $how /tmp/cg && echo 0 > /tmp/cg/cgroup.procs && echo NESTED-NS $how" 2>/dev/null
+done
+cat /proc/self/cgroup
+setsid sleep 300 >/dev/null 2>&1 &
+echo done
+"""
+
+
+def test_processes_cannot_leave_their_cgroup(mini_spec, tmp_path):
+    env = open_backend(mini_spec, workspace_dir=str(tmp_path))
+    try:
+        if env._res.envelope is None:
+            pytest.skip(f"no cgroups on this host: {env.notes}")
+        output, code = status(env, ESCAPES)
+        assert "done" in output, output
+        assert "No such file or directory" in output.splitlines()[0], output  # the sandbox shows no /sys/fs/cgroup
+        for word in ("JOINED", "MOUNTED", "NESTED"):
+            assert word not in output, output
+        # its own cgroup namespace: every hierarchy's root is its own cgroup, nothing above it is named
+        for line in output.splitlines():
+            if line[:1].isdigit() and ":" in line:
+                assert line.endswith(":/"), output
+        sleeper = wait_for_child(env, "sleep")
+        expected = own_paths(env)
+        paths = cgroup_paths(sleeper.pid)
+        assert {name: paths.get(name) for name in expected} == expected, paths
+    finally:
+        env.close()
+
+
+BUSY_STRATEGY = "def row_strategy(history):\n    while True:\n        pass\n"
+SLEEPY_STRATEGY = "import time\n\n\ndef row_strategy(history):\n    time.sleep(3600)\n    return 0\n"
+
+
+@pytest.mark.parametrize("strategy", [BUSY_STRATEGY, SLEEPY_STRATEGY], ids=["busy", "sleeping"])
+def test_an_evaluation_that_uses_its_time_is_the_agents_failure(mini_spec, tmp_path, strategy):
+    """Its own loops beside it, its code spinning or sleeping: the time ran out because of the agent, never the
+    machine (an agent must not turn its failure into an ``infra_error``, which is not scored against it)."""
+    env = open_backend(mini_spec.replace(training_timeout=3), workspace_dir=str(tmp_path), max_processes=128)
+    try:
+        write_file(env, "strategy.py", strategy)
+        output, code = status(env, HOSTILE, timeout=60)
+        assert code == 0, output
+        assert len(wait_for_loops(env, LOOPS)) == LOOPS
+        started = time.monotonic()
+        observation, _, _, info = env.step("validate")
+        took = time.monotonic() - started
+        assert info["evaluation_status"] == "agent_error", observation
+        assert "did not finish within 3 seconds" in observation, observation
+        assert took < eval_clock.backstop(3) / 2, f"{took:.1f} s: its own loops' time was credited to it"
+    finally:
+        env.close()
+
+
+def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path, monkeypatch):
+    """The machine's load (busy processes outside every env, and this env's CPU weight lowered from the host) leaves
+    an honest evaluation no CPU: at the wall-time backstop it is the machine's failure, not the agent's."""
+    monkeypatch.setattr(eval_clock, "BACKSTOP_EXTRA", 0.0)  # a backstop of 4 x 2 s, not 4 x 2 + 60 s
+    env = open_backend(mini_spec.replace(training_timeout=2), workspace_dir=str(tmp_path))
+    hogs: list[subprocess.Popen] = []
+    try:
+        envelope = env._res.envelope
+        if envelope is None or not envelope.weighted:
+            pytest.skip(f"needs a CPU weight of the env's own on this host: {env.notes}")
+        if "cpu" in envelope.roots:
+            (envelope.roots["cpu"] / "cpu.shares").write_text("2")
+        else:
+            (envelope.roots["unified"] / "cpu.weight").write_text("1")
+        hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4 * cgroups.CPUS)]
+        started = time.monotonic()
+        observation, _, _, info = env.step("validate")
+        took = time.monotonic() - started
+        assert info["evaluation_status"] == "infra_error", observation
+        assert "the machine's load, not the submission's fault" in observation, observation
+        assert eval_clock.backstop(2) <= took < eval_clock.backstop(2) + 30, took  # stopping starved processes
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        env.close()
+
+
+def test_without_cgroups_the_fallback_is_announced_and_timed(mini_spec, tmp_path, monkeypatch):
+    """A host with no cgroup hierarchy this process may use (as ``cgroups.hierarchies`` finds none): the env says
+    so in a warning and its notes, still scores, and still times its evaluations by its processes' own accounting."""
+    monkeypatch.setattr(cgroups, "hierarchies", lambda: ())
+    cgroups.warn_no_envelope.cache_clear()
+    with pytest.warns(RuntimeWarning, match="no CPU cgroup could be made"):
+        env = open_backend(mini_spec.replace(training_timeout=3), workspace_dir=str(tmp_path))
+    try:
+        assert env._res.envelope is None
+        assert cgroups.NO_CPU_ENVELOPE in env.notes
+        _, score = validate(env)
+        assert score is not None and "Score" in score, score
+        write_file(env, "strategy.py", SLEEPY_STRATEGY)
+        observation, _, _, info = env.step("validate")
+        assert info["evaluation_status"] == "agent_error", observation
+        assert "did not finish within 3 seconds" in observation, observation
+    finally:
+        env.close()
