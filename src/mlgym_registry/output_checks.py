@@ -11,14 +11,20 @@
 - history processor: a non-empty list of ``{"role", "content"}`` dicts, each role one of system, user, assistant.
 
 A violation raises ``ComponentOutputError``, which names the kind, the registered name, the distribution that
-registered it, the bad value and the contract. The checks cost a few isinstance calls per step (``bench/
-bench_output_checks.py`` measures them); ``ENABLED`` turns them off, for that benchmark only.
+registered it, the bad value and the contract. One exception: a parser that raises something else than
+``FormatError`` on a reply, but reads an ordinary reply, failed on that reply (a hostile one: nested 50,000 deep, a
+megabyte of openers): the reply is a format error (``ParserFailedOnReply``, a ``FormatError``: the chain retries and
+applies ``reward_wrong_format``, and the episode goes on), and a ``ParserFailedWarning`` carries the component's error
+for whoever runs the env. A parser that fails on an ordinary reply too is broken: its error fails the step. The
+checks cost a few isinstance calls per step (``bench/bench_output_checks.py`` measures them); ``ENABLED`` turns them
+off, for that benchmark only.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -135,8 +141,69 @@ def check_parser_output(value: Any, task: Any) -> tuple[str, str]:
     raise fail("parser", task, returned(value), CONTRACTS["parser"], value)
 
 
+ORDINARY_REPLIES = (
+    "DISCUSSION\nLet me look at the files first.\n```\nls -a\n```",
+    "<command>\nls -a\n</command>",
+    '{"thought": "Let me look at the files first.", "command": "ls -a"}',
+    "ls -a",
+)
+"""One ordinary reply in each common style (the kit's ``WELL_FORMED_RESPONSES``): a parser that reads none of them,
+nor its own ``format_action("ls -a")``, is broken rather than beaten by a reply."""
+
+
+class ParserFailedWarning(RuntimeWarning):
+    """A parser raised something else than ``FormatError`` on a reply it could not read; the reply was taken as a
+    format error. The message is the parser's ``ComponentRaisedError`` (kind, name, distribution, exception, fix)."""
+
+
+class ParserFailedOnReply(FormatError):
+    """The format error of a reply the parser raised on (not ``FormatError``): the message is for the model, the
+    parser's own error is ``component_error`` (a ``ComponentRaisedError``, with the exception as its ``cause``)."""
+
+    def __init__(self, message: str, component_error: ComponentRaisedError):
+        super().__init__(message)
+        self.component_error = component_error
+
+
+def parser_raised(task: Any, parser: Any, response: str, exc: Exception) -> ComponentRaisedError | ParserFailedOnReply:
+    """What the chain raises for a parser that raised ``exc`` (not ``FormatError``) on ``response``: the parser's
+    ``ComponentRaisedError`` when it cannot read an ordinary reply either (it is broken: the step fails), else a
+    ``ParserFailedOnReply`` (the reply is a format error) after a ``ParserFailedWarning`` with that error."""
+    error = raised("parser", task, exc, during=f" on a reply of {len(response):,} characters")
+    if not reads_an_ordinary_reply(parser):
+        return error
+    warnings.warn(f"{error}. The reply was taken as a format error (the episode goes on)", ParserFailedWarning,
+                  stacklevel=2)
+    return ParserFailedOnReply(f"The reply could not be read: the parser failed on it ({type(exc).__name__}). Write "
+                               f"a plain reply in the format asked for.", error)
+
+
+def reads_an_ordinary_reply(parser: Any) -> bool:
+    """Whether ``parser`` gives a pair of strings for its own ``format_action("ls -a")`` or for one of
+    ``ORDINARY_REPLIES`` (whatever it raises on the others)."""
+    replies = list(ORDINARY_REPLIES)
+    try:
+        own = parser.format_action("ls -a") if callable(getattr(parser, "format_action", None)) else None
+    except Exception:  # noqa: BLE001 - a broken format_action is one more sign of a broken parser, not an error here
+        own = None
+    if isinstance(own, str):
+        replies.insert(0, own)
+    for reply in replies:
+        try:
+            value = parser(reply)
+        except Exception:  # noqa: BLE001 - FormatError or not, this reply was not read
+            continue
+        if (type(value) is tuple or type(value) is list) and len(value) == 2 and all(isinstance(part, str)
+                                                                                  for part in value):
+            return True
+    return False
+
+
 class CheckedParser:
-    """A task's parser whose every output is checked; reads any other attribute from the parser itself."""
+    """A task's parser whose every output is checked; reads any other attribute from the parser itself.
+
+    What the parser raises but ``FormatError`` is ``parser_raised``'s: a format error of the reply when the parser
+    reads ordinary replies, the parser's ``ComponentRaisedError`` (the step fails) when it does not."""
 
     __slots__ = ("parser", "task")
 
@@ -144,7 +211,13 @@ class CheckedParser:
         self.parser, self.task = parser, task
 
     def __call__(self, response: str) -> tuple[str, str]:
-        return check_parser_output(calling("parser", self.task, self.parser, response), self.task)
+        try:
+            value = self.parser(response)
+        except (FormatError, ComponentOutputError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever a parser raises is judged by parser_raised
+            raise parser_raised(self.task, self.parser, response, exc) from exc
+        return check_parser_output(value, self.task)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.parser, name)

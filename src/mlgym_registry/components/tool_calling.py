@@ -20,7 +20,10 @@ messages, ``structured_messages`` rebuilds them: an assistant message with ``too
 - ``ToolCallParser`` (parser ``tool_calls``): one tool call -> the command line the text language would give
   (``open 'strategy.py'``; ``edit 1:3`` with its body and ``end_of_edit``). No call, an unknown tool, arguments that
   are not a JSON object or do not fit the tool, and several calls are ``FormatError``: the chain retries (and applies
-  ``reward_wrong_format``) as for the text parsers.
+  ``reward_wrong_format``) as for the text parsers. It is linear in the reply and raises nothing else, however the
+  reply is made: the blocks are found with ``str.find`` (no regex that backtracks over blank space), the JSON is read
+  with ``bounded_json.loads`` (nesting measured before decoding: no ``RecursionError``), and every error message
+  quotes the reply's text cut short.
 - ``tool_calling()`` (template ``tool_calling``): a template set for tool-calling runs.
 """
 
@@ -34,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import bounded_json
 from ..errors import FormatError
 from .parsers import ThoughtActionParser
 from .template_set import TemplateSet
@@ -46,7 +50,7 @@ SPECIAL_ACTIONS = ("exit_context", "exit_cost", "exit_error", "exit_format", "ex
 
 NO_TOOL_CALL = "No tool call found in the model response: call exactly one tool."
 
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _PLACEHOLDER = re.compile(r"<([A-Za-z_][A-Za-z0-9_]*)>")
 
 JsonSchema = dict[str, Any]
@@ -112,22 +116,59 @@ def response_text(content: str | None, calls: Sequence[ToolCall]) -> str:
     return "\n".join(parts)
 
 
+def _blocks(response: str) -> list[tuple[int, int]]:
+    """The ``(start, end)`` span of each ``<tool_call>...</tool_call>`` block, left to right: an opening tag and the
+    first closing tag after it. One pass of ``str.find`` (the regex ``<tool_call>\\s*(.*?)\\s*</tool_call>`` it replaces
+    backtracked cubically over blank space: 2,000 spaces after an unclosed tag took 22 s)."""
+    spans = []
+    start = response.find(_OPEN)
+    while start >= 0:
+        close = response.find(_CLOSE, start + len(_OPEN))
+        if close < 0:  # no closing tag after this opening one, so none after any later one either
+            break
+        end = close + len(_CLOSE)
+        spans.append((start, end))
+        start = response.find(_OPEN, end)
+    return spans
+
+
+def _problem(exc: ValueError) -> str:
+    """What is wrong with an unreadable JSON text (``bounded_json.loads`` raises ``ValueError`` for all of it: invalid,
+    nested too deep, an integer with too many digits), in a few words."""
+    return exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+
+
 def read_calls(response: str) -> tuple[str, list[ToolCall]]:
     """``(thought, calls)`` of a response: the text outside the ``<tool_call>`` blocks, and each block's call.
 
-    ``FormatError`` when a block is not a JSON object with a string ``name``.
+    ``FormatError`` when a block is not a JSON object with a string ``name``. Linear in the response, and nothing
+    but ``FormatError`` is raised, whatever the response holds.
     """
     calls = []
-    for block in _BLOCK.findall(response):
+    spans = _blocks(response)
+    for start, end in spans:
+        block = response[start + len(_OPEN):end - len(_CLOSE)].strip()
         try:
-            data = json.loads(block)
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"A tool call is not valid JSON ({exc.msg}): {block[:200]}") from None
+            data = bounded_json.loads(block)
+        except ValueError as exc:
+            raise FormatError(f"A tool call is not valid JSON ({_problem(exc)}): {_cut(block)}") from None
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise FormatError('A tool call must be a JSON object {"name": ..., "arguments": {...}}.')
         call_id = data.get("id")
         calls.append(ToolCall(data["name"], data.get("arguments", {}), call_id if isinstance(call_id, str) else None))
-    return _BLOCK.sub("", response).strip(), calls
+    if not spans:
+        return response.strip(), calls
+    pieces, last = [], 0
+    for start, end in spans:
+        pieces.append(response[last:start])
+        last = end
+    pieces.append(response[last:])
+    return "".join(pieces).strip(), calls
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters for an error message (a reply may be a megabyte)."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def calls_in(response: str) -> list[ToolCall]:
@@ -141,14 +182,15 @@ def calls_in(response: str) -> list[ToolCall]:
 def decode_arguments(call: ToolCall) -> dict[str, Any]:
     """The call's arguments as a dict; ``FormatError`` for bad JSON or anything but an object."""
     arguments = call.arguments
+    name = _cut(call.name, 100)
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"The arguments of the {call.name} call are not valid JSON ({exc.msg}): "
-                              f"{call.arguments[:200]}") from None
+            arguments = bounded_json.loads(arguments) if arguments.strip() else {}
+        except ValueError as exc:
+            raise FormatError(f"The arguments of the {name} call are not valid JSON ({_problem(exc)}): "
+                              f"{_cut(call.arguments)}") from None
     if not isinstance(arguments, dict):
-        raise FormatError(f"The arguments of the {call.name} call must be a JSON object, got {arguments!r:.200}.")
+        raise FormatError(f"The arguments of the {name} call must be a JSON object, got {_cut(repr(arguments))}.")
     return arguments
 
 
@@ -167,7 +209,7 @@ def command_line(name: str, arguments: Mapping[str, Any]) -> str:
         return command
     command = next((c for c in _commands() if c["name"] == name), None)
     if command is None:
-        raise FormatError(f"Unknown tool {name!r}. The tools are: {', '.join(tool_names())}.")
+        raise FormatError(f"Unknown tool {_cut(repr(name), 100)}. The tools are: {', '.join(tool_names())}.")
     spec = command.get("arguments") or {}
     values = _check_arguments(name, arguments, {key: arg["type"] for key, arg in spec.items()},
                               [key for key, arg in spec.items() if arg.get("required")])
@@ -199,8 +241,9 @@ def _check_arguments(name: str, arguments: Mapping[str, Any], types: Mapping[str
                      required: Sequence[str]) -> dict[str, Any]:
     unknown = sorted(set(arguments) - set(types))
     if unknown:
-        raise FormatError(f"The {name} tool takes no argument {', '.join(map(repr, unknown))}; it takes: "
-                          f"{', '.join(types) or 'none'}.")
+        shown = ", ".join(_cut(repr(key), 60) for key in unknown[:5]) + (f" (and {len(unknown) - 5} more)"
+                                                                          if len(unknown) > 5 else "")
+        raise FormatError(f"The {name} tool takes no argument {shown}; it takes: {', '.join(types) or 'none'}.")
     missing = [key for key in required if arguments.get(key) is None]
     if missing:
         raise FormatError(f"The {name} call misses its required argument(s) {', '.join(map(repr, missing))}.")
@@ -213,11 +256,16 @@ def _check_arguments(name: str, arguments: Mapping[str, Any], types: Mapping[str
 
 def _typed(name: str, key: str, value: Any, kind: str) -> Any:
     if kind == "integer":
-        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.isdigit())):
-            raise FormatError(f"The {name} call's {key!r} must be an integer, got {value!r:.100}.")
-        return int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.isdecimal():  # isdigit() would let "²" through, which int() refuses
+            try:
+                return int(value)
+            except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+                pass
+        raise FormatError(f"The {name} call's {key!r} must be an integer, got {_cut(repr(value), 100)}.")
     if not isinstance(value, str):
-        raise FormatError(f"The {name} call's {key!r} must be a string, got {value!r:.100}.")
+        raise FormatError(f"The {name} call's {key!r} must be a string, got {_cut(repr(value), 100)}.")
     return value
 
 
@@ -347,8 +395,8 @@ def _structured_call(call: ToolCall, call_id: str, json_arguments: bool) -> dict
         arguments = json.dumps(arguments, ensure_ascii=False)
     elif not json_arguments and isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+            arguments = bounded_json.loads(arguments)
+        except ValueError:
             pass  # a malformed call is shown as it was made
     return {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
 

@@ -42,9 +42,12 @@ from .isolators import (
     isolator_responses,
 )
 from .parsers import (
+    HOSTILE_REPLIES,
     ODD_RESPONSES,
     WELL_FORMED_RESPONSES,
+    HostileReply,
     check_parser,
+    check_parser_hostile,
 )
 from .rewards import (
     check_reward_assigner,
@@ -68,6 +71,7 @@ __all__ = [
     "KIT_CHECKS",
     "EDIT_ACTION",
     "EDIT_RESPONSE",
+    "HOSTILE_REPLIES",
     "NO_COMMAND_RESPONSES",
     "RESPONSE_STYLES",
     "ODD_RESPONSES",
@@ -79,12 +83,14 @@ __all__ = [
     "ComponentCheck",
     "ConformanceError",
     "EvaluationRun",
+    "HostileReply",
     "TaskCheck",
     "check_backend",
     "check_component",
     "check_history_processor",
     "check_isolator",
     "check_parser",
+    "check_parser_hostile",
     "check_plugin",
     "check_reward_assigner",
     "check_task",

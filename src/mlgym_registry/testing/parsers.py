@@ -1,20 +1,22 @@
-"""Conformance checks for parsers."""
+"""Conformance checks for parsers: the contract on ordinary replies (``check_parser``), and on hostile ones
+(``check_parser_hostile``, which ``check_parser`` runs too): any reply, however deep, long or odd, gives a pair or
+``FormatError`` in time linear in its length."""
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FormatError
+from ..output_checks import ORDINARY_REPLIES
 from ._common import _fail, _name
 
-WELL_FORMED_RESPONSES = (
-    "DISCUSSION\nLet me look at the files first.\n```\nls -a\n```",
-    "<command>\nls -a\n</command>",
-    '{"thought": "Let me look at the files first.", "command": "ls -a"}',
-    "ls -a",
-)
-"""One response in each common style, all asking for ``ls -a``: a parser must understand at least one."""
+WELL_FORMED_RESPONSES = ORDINARY_REPLIES
+"""One response in each common style, all asking for ``ls -a``: a parser must understand at least one (the chain
+tells a parser beaten by a hostile reply from a broken one with the same replies)."""
 
 ODD_RESPONSES = (
     "",
@@ -38,7 +40,8 @@ def check_parser(parser: Callable[[str], Any], *, well_formed: dict[str, str] | 
     odd response must give a ``(str, str)`` pair or raise ``FormatError``; each of ``malformed`` must raise
     ``FormatError``. The result must not vary between calls. A parser need not declare ``format_action`` (nor
     ``format_instructions``); a declared ``format_action`` must give ``ls -a`` back, and a declared
-    ``format_instructions`` or ``format_error_message`` must be a string.
+    ``format_instructions`` or ``format_error_message`` must be a string. Last, ``check_parser_hostile`` feeds it
+    ``HOSTILE_REPLIES``.
     """
     what = f"parser {_name(parser)}"
     if not callable(parser):
@@ -74,6 +77,7 @@ def check_parser(parser: Callable[[str], Any], *, well_formed: dict[str, str] | 
     for response in malformed:
         if _parse(parser, response, what) is not None:
             _fail(what, f"accepted the malformed response {response[:60]!r}; it must raise FormatError")
+    check_parser_hostile(parser)
 
 
 def _parse(parser: Callable[[str], Any], response: str, what: str) -> tuple[str, str] | None:
@@ -89,3 +93,241 @@ def _parse(parser: Callable[[str], Any], response: str, what: str) -> tuple[str,
     if not (isinstance(result, tuple) and len(result) == 2 and all(isinstance(part, str) for part in result)):
         _fail(what, f"returned {result!r:.80} for {shown!r}; it must return a (thought, action) tuple of two strings")
     return result
+
+
+# -- hostile replies ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostileReply:
+    """A family of hostile replies, one per length: ``prefix + unit * n + middle + closer * n + suffix``, with ``n``
+    as large as ``length`` allows (``make(length)``). ``megabyte``: also fed (and timed) at ``MEGABYTE`` characters,
+    unless the parser took more than ``MEGABYTE_SKIP_S`` at 10^5."""
+
+    name: str
+    unit: str
+    closer: str = ""
+    prefix: str = ""
+    middle: str = ""
+    suffix: str = ""
+    megabyte: bool = False
+
+    def make(self, length: int) -> str:
+        """The reply of this family about ``length`` characters long (at least one unit)."""
+        fixed = len(self.prefix) + len(self.middle) + len(self.suffix)
+        count = max(1, (length - fixed) // (len(self.unit) + len(self.closer)))
+        return self.prefix + self.unit * count + self.middle + self.closer * count + self.suffix
+
+
+_WRAPS = (
+    ("", "", ""),
+    (" in a fenced block", "DISCUSSION\nx\n```\n", "\n```\n"),
+    (" in <command> tags", "<command>\n", "\n</command>"),
+    (" in a tool call", "<tool_call>\n", "\n</tool_call>"),
+    (" in a JSON command", '{"thought": "t", "command": ', "}"),
+)
+_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "'
+_CALL_END = '"}}\n</tool_call>'
+_SPACES = " \t\r\n\f\v\u00a0\u2028\u3000"
+
+
+def _hostile_replies() -> tuple[HostileReply, ...]:
+    replies = []
+    # nesting: each bracket kind, unclosed and closed, bare and in a fenced block; JSON's in every common reply style
+    for opener, closer in (("[", "]"), ("{", "}"), ("(", ")"), ("<", ">")):
+        for where, prefix, suffix in _WRAPS if opener in "[{" else _WRAPS[:2]:
+            big = (opener, where) in (("{", ""), ("[", " in a tool call"))
+            replies.append(HostileReply(f"{opener!r} nested{where}", opener, "", prefix, "", suffix, big))
+            replies.append(HostileReply(f"{opener}...{closer} nested{where}", opener, closer, prefix, "1", suffix,
+                                        big))
+    replies += [
+        HostileReply("JSON objects nested", '{"a": ', "}", "", "1"),
+        HostileReply("JSON objects nested in a tool call", '{"name": "bash", "arguments": ', "}", "<tool_call>\n",
+                     "{}", "\n</tool_call>"),
+        HostileReply("JSON arrays nested as a tool call's arguments string", "[", "]", _CALL, "", _CALL_END),
+        # code fences and tags nested: info-string fences open nested blocks, a bare fence closes one
+        HostileReply("code fences nested", "```python\n", "```\n", "DISCUSSION\n", "ls -a\n"),
+        HostileReply("```json fences, none closed", "```json\n", megabyte=True),
+        HostileReply("bare fences", "```\n"),
+        HostileReply("<command> tags nested", "<command>", "</command>", "", "ls -a"),
+        HostileReply("<tool_call> tags nested", "<tool_call>", "</tool_call>", "",
+                     '{"name": "bash", "arguments": {"command": "ls -a"}}'),
+        HostileReply("XML tags nested", "<a>", "</a>", "<command>", "ls -a", "</command>"),
+        # blank space, alone and after each opener (a regex like \s*(.*?)\s* backtracks on it)
+        HostileReply("spaces", " "),
+        HostileReply("newlines", "\n"),
+        HostileReply("every kind of blank space", _SPACES),
+        HostileReply("spaces after an unclosed <tool_call>", " ", prefix="<tool_call>", megabyte=True),
+        HostileReply("spaces then text after an unclosed <tool_call>", " ", prefix="<tool_call>", suffix="x"),
+        HostileReply("spaces inside a <tool_call> block", " ", prefix="<tool_call>", suffix="</tool_call>"),
+        HostileReply("spaces after an unclosed <command>", " ", prefix="<command>", suffix="x"),
+        HostileReply("spaces after an opening fence", " ", prefix="```"),
+        HostileReply("spaces after an info-string fence", " ", prefix="```python", suffix="x"),
+        HostileReply("blank lines after an opening fence", " \n", prefix="DISCUSSION\n```\n"),
+        HostileReply("spaces in a JSON command", " ", prefix='{"thought": "t",', suffix='"command": "ls -a"}'),
+        # each opener repeated, none closed
+        HostileReply("<tool_call> openers", "<tool_call>", megabyte=True),
+        HostileReply("<tool_call> openers with spaces", "<tool_call> \n"),
+        HostileReply("</tool_call> closers", "</tool_call>"),
+        HostileReply("<command> openers", "<command>", megabyte=True),
+        HostileReply("</command> closers", "</command>"),
+        HostileReply("fence openers on one line", "```", megabyte=True),
+        HostileReply("backticks", "`"),
+        HostileReply("quotes", '"'),
+        HostileReply("backslashes", "\\"),
+        HostileReply("escaped quotes in an unclosed JSON string", '\\"', prefix='{"thought": "', megabyte=True),
+        HostileReply("JSON string openers", '{"', prefix="<tool_call>"),
+        HostileReply("digits as a tool call's arguments", "1", prefix='<tool_call>\n{"name": "bash", "arguments": ',
+                     suffix="}\n</tool_call>"),
+        HostileReply("digits as a JSON command", "1", prefix='{"thought": "t", "command": ', suffix="}"),
+        # odd characters
+        HostileReply("NUL bytes", "\x00"),
+        HostileReply("NUL bytes in a fenced block", "\x00", prefix="DISCUSSION\n```\n", suffix="\n```\n"),
+        HostileReply("NUL bytes in a tool call", "\x00", prefix=_CALL, suffix=_CALL_END),
+        HostileReply("lone surrogates", "\ud800", megabyte=True),
+        HostileReply("reversed surrogate pairs", "\udc00\ud800"),
+        HostileReply("lone surrogates in a fenced block", "\udfff", prefix="DISCUSSION\n```\n", suffix="\n```\n"),
+        HostileReply("lone surrogates in a tool call", "\ud800", prefix=_CALL, suffix=_CALL_END),
+        HostileReply("escaped lone surrogates in a tool call", "\\ud800", prefix=_CALL, suffix=_CALL_END),
+        # long replies, and mixes of all of the above
+        HostileReply("prose", "the quick brown fox jumps over the lazy dog. "),
+        HostileReply("a long discussion before a command", "I think about it some more. ", prefix="DISCUSSION\n",
+                     suffix="\n```\nls -a\n```\n", megabyte=True),
+        HostileReply("a long command in a tool call", "x", prefix=_CALL, suffix=_CALL_END),
+        HostileReply("one long line", "x"),
+        HostileReply("a mix of openers and odd characters", "[{(<`\"\\ \n\x00\ud800", megabyte=True),
+        HostileReply("a mix of openers and closers", "```\n<command><tool_call>[{(\"", "\")}]</tool_call></command>\n"
+                     "```\n", megabyte=True),
+        HostileReply("nested tool calls in fences", "```python\n<tool_call>{\"name\": [", "]}</tool_call>\n```\n"),
+    ]
+    return tuple(replies)
+
+
+HOSTILE_REPLIES = _hostile_replies()
+"""The families of hostile replies ``check_parser_hostile`` feeds a parser: deep nesting of each bracket kind, of
+code fences and of tags; runs of blank space, alone and after each opener; each opener repeated; NUL bytes; lone
+surrogates; digits past ``int``'s limit; megabyte replies; mixes of these."""
+
+LENGTHS = (100, 1_000, 10_000, 100_000)
+"""The lengths each hostile family is timed at; 10x apart."""
+
+MEGABYTE = 1_000_000
+"""The length after the last of ``LENGTHS`` for the families marked ``megabyte``, timed and judged (against
+``MEGABYTE_FLOOR_S``) unless the parser took more than ``MEGABYTE_SKIP_S`` at 10^5 characters. It is what catches a
+quadratic parser that is fast at 10^5 characters (a ``str.find`` restarted at every opener: 0.16 s there, 27x the
+time at 10^4 because ``str.find`` switches to a faster algorithm on long text; 16 s at a megabyte)."""
+
+MEGABYTE_SKIP_S = 0.5
+"""A family the parser took longer than this on at 10^5 characters is not fed a megabyte: even linear, that would
+take seconds per call (and the growth up to 10^5 characters was judged)."""
+
+GROWTH_MARGIN = 4.0
+"""How much more than linear the time may grow before it fails: 10x the input may take up to 40x the time (a
+loaded machine, caches; quadratic is 100x, cubic 1000x)."""
+
+TIME_FLOOR_S = 0.02
+"""Below this time on the longer reply the growth is not judged (timer noise and fixed costs dominate)."""
+
+MEGABYTE_FLOOR_S = 0.2
+"""The floor for the step from 10^5 characters to a megabyte, higher: a megabyte leaves the CPU's caches where 10^5
+characters fit, which alone can make 10x the text take 20x to 40x the time. A quadratic parser fast at 10^5
+characters (a ``str.find`` restarted at every opener: 50 ms) takes seconds at a megabyte."""
+
+REPEATS = 3
+"""A time is the best of this many calls (one when a call takes more than ``SLOW_CALL_S``)."""
+
+SLOW_CALL_S = 0.1
+
+_clock = time.thread_time if time.get_clock_info("thread_time").resolution <= 1e-6 else time.perf_counter
+"""What a call is timed with: the CPU time of this thread, which a machine loaded with other work does not inflate
+(wall-clock time there varies 10x between two runs of the same call); wall-clock time where the thread clock is coarse
+(Windows)."""
+
+
+def check_parser_hostile(parser: Callable[[str], Any], replies: tuple[HostileReply, ...] = HOSTILE_REPLIES) -> None:
+    """Feed ``parser`` every family of ``replies`` at each of ``LENGTHS`` (and at ``MEGABYTE`` for the families marked
+    ``megabyte``): each reply must give a ``(str, str)`` pair or raise ``FormatError`` (nothing else), and the time
+    must grow no more than linearly with the length.
+
+    The time at 10x the length may be up to ``GROWTH_MARGIN`` x 10 the time before (best of ``REPEATS`` calls, with
+    the garbage collector off); a longer time is measured again before it fails, and times under ``TIME_FLOOR_S``
+    (``MEGABYTE_FLOOR_S`` at a megabyte) are not judged. The lengths grow 10x at a time, so a parser that backtracks
+    fails at a few thousand characters, before a length that would take it hours. ``check_parser`` runs this last.
+    """
+    what = f"parser {_name(parser)}"
+    for family in replies:
+        _check_family(parser, family, what)
+
+
+def _check_family(parser: Callable[[str], Any], family: HostileReply, what: str) -> None:
+    shorter: tuple[str, float] | None = None
+    for length in LENGTHS:
+        text = family.make(length)
+        seconds = _best_time(parser, text, family, what, REPEATS)
+        if shorter is not None:
+            _judge_growth(parser, family, what, shorter, (text, seconds), TIME_FLOOR_S)
+        shorter = (text, seconds)
+    if not family.megabyte or shorter is None or shorter[1] > MEGABYTE_SKIP_S:
+        return
+    text = family.make(MEGABYTE)
+    _judge_growth(parser, family, what, shorter, (text, _best_time(parser, text, family, what, 1)), MEGABYTE_FLOOR_S)
+
+
+def _judge_growth(parser: Callable[[str], Any], family: HostileReply, what: str, shorter: tuple[str, float],
+                  longer: tuple[str, float], floor: float) -> None:
+    (short_text, short_s), (long_text, long_s) = shorter, longer
+    if long_s < floor:
+        return
+    factor = len(long_text) / len(short_text)
+    allowed = factor * GROWTH_MARGIN
+    if long_s / max(short_s, 1e-9) <= allowed:
+        return
+    # measured again before failing: the best of more calls on the shorter reply, one more on the longer
+    short_s = min(short_s, _best_time(parser, short_text, family, what, 2 * REPEATS))
+    long_s = min(long_s, _best_time(parser, long_text, family, what, 1))
+    growth = long_s / max(short_s, 1e-9)
+    if long_s >= floor and growth > allowed:
+        _fail(what, f"took {long_s:.3g} s on a hostile reply of {len(long_text):,} characters ({family.name}) and "
+                    f"{short_s:.3g} s on one of {len(short_text):,}: {factor:.0f}x the reply took {growth:.0f}x the "
+                    f"time (at most {allowed:.0f}x passes); a parser must run in time linear in the reply. Look for "
+                    f"a regex with adjacent or nested quantifiers over the same characters (such as \\s*(.*?)\\s*, "
+                    f"which backtracks over blank space), a search that restarts at every opener, or text rebuilt "
+                    f"in a loop")
+
+
+def _best_time(parser: Callable[[str], Any], text: str, family: HostileReply, what: str, repeats: int) -> float:
+    best = _timed_call(parser, text, family, what)
+    for _ in range(repeats - 1):
+        if best > SLOW_CALL_S:
+            break
+        best = min(best, _timed_call(parser, text, family, what))
+    return best
+
+
+def _timed_call(parser: Callable[[str], Any], text: str, family: HostileReply, what: str) -> float:
+    """Seconds ``parser(text)`` took (garbage collector off); anything but a pair or ``FormatError`` fails."""
+    enabled = gc.isenabled()
+    gc.disable()
+    start = _clock()
+    try:
+        result = parser(text)
+    except FormatError:
+        result = None
+    except Exception as exc:  # noqa: BLE001 - any other exception is exactly what the check reports
+        _fail(what, f"raised {type(exc).__name__}: {_text(exc)} on a hostile reply ({family.name}, {len(text):,} "
+                    f"characters); a parser must return (thought, action) or raise mlgym_registry.errors.FormatError "
+                    f"on every reply, however deep, long or odd: measure nesting before recursing or decoding "
+                    f"(mlgym_registry.bounded_json.loads reads JSON with a nesting bound; catch ValueError), and raise "
+                    f"FormatError for a reply you cannot read")
+    finally:
+        elapsed = _clock() - start
+        if enabled:
+            gc.enable()
+    if result is not None and not (isinstance(result, tuple) and len(result) == 2
+                                   and all(isinstance(part, str) for part in result)):
+        _fail(what, f"returned {type(result).__name__} for a hostile reply ({family.name}, {len(text):,} characters); "
+                    f"it must return a (thought, action) tuple of two strings or raise FormatError")
+    return elapsed
+
+
+def _text(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -7,9 +7,24 @@ import re
 from typing import Any
 
 from mlgym_registry import FormatError, TaskSpec
+from mlgym_registry.bounded_json import loads as load_json
 from mlgym_registry.components.rewards import validation_reward
 
-_FENCED_JSON = re.compile(r"^```(?:json)?\s*\n(.*?)\n```\s*$", re.DOTALL | re.MULTILINE)
+# A fence line: ``` or ```json, then blank space to the end of the line. Found line by line, so the search is linear
+# (a regex from each opening fence to its closing one restarts at every fence: quadratic on 10^5 unclosed ```json).
+_FENCE_LINE = re.compile(r"^```(json)?[^\S\n]*$", re.MULTILINE)
+
+
+def _fenced_bodies(response: str) -> list[str]:
+    """The body of each fenced block, in order: a fence line opens one, the next bare ``` line closes it."""
+    bodies, start = [], None
+    for fence in _FENCE_LINE.finditer(response):
+        if start is None:
+            start = fence.end()
+        elif fence.group(1) is None:
+            bodies.append(response[start:fence.start()])
+            start = None
+    return bodies
 
 
 class JsonCommandParser:
@@ -26,11 +41,11 @@ class JsonCommandParser:
         return json.dumps({"thought": "Next step.", "command": action})
 
     def __call__(self, response: str) -> tuple[str, str]:
-        candidates = [m.group(1) for m in _FENCED_JSON.finditer(response)] or [response.strip()]
+        candidates = _fenced_bodies(response) or [response.strip()]
         for text in reversed(candidates):
             try:
-                data = json.loads(text)
-            except json.JSONDecodeError:
+                data = load_json(text)  # json.loads with a nesting bound: any unreadable text is a ValueError
+            except ValueError:
                 continue
             if isinstance(data, dict) and isinstance(data.get("command"), str) and data["command"].strip():
                 return str(data.get("thought", "")), data["command"]
