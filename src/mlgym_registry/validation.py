@@ -118,6 +118,7 @@ OPTION_RULES: dict[str, Rule] = {
     "max_processes": integer_at_least(1, optional=True),
     "max_file_mb": integer_at_least(1, optional=True),
     "max_snapshot_mb": integer_at_least(1, optional=True),
+    "max_disk_mb": integer_at_least(1, optional=True),
     "seed": integer_at_least(0, optional=True),
     "network": BOOLEAN,
     "sandbox": Rule("'bwrap' or 'none'", lambda value: value in ("bwrap", "none")),

@@ -223,9 +223,13 @@ class _Listed:
 
     def __init__(self, entries):
         self._entries = entries
+        self._left = iter(entries)
 
     def __iter__(self):
         return iter(self._entries)
+
+    def __next__(self):
+        return next(self._left)
 
     def __enter__(self):
         return self
@@ -252,8 +256,13 @@ def test_the_copy_never_reads_outside_the_workspace_even_if_the_agent_runs(env, 
         os.replace(swap, submission)
         os.replace(spare, swap)
 
+    folder = os.stat(workspace)
+
     def is_workspace(path) -> bool:
-        return not isinstance(path, int) and Path(os.fspath(path)).resolve() == workspace
+        if isinstance(path, int):  # the copy lists folders through their descriptors
+            info = os.fstat(path)
+            return (info.st_dev, info.st_ino) == (folder.st_dev, folder.st_ino)
+        return Path(os.fspath(path)).resolve() == workspace
 
     def scandir(path="."):
         if not is_workspace(path):

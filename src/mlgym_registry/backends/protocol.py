@@ -70,10 +70,12 @@ EVALUATION_STATUSES = (EVALUATION_OK, INVALID_SUBMISSION, AGENT_ERROR, INFRA_ERR
 
 - ``ok``: the pristine evaluator scored the submission with finite metrics (they were appended to ``info["score"]``);
 - ``invalid_submission``: there was nothing valid to score (no artefact, a file the evaluator rejects, non-finite
-  metrics);
+  metrics, a workspace that cannot be read as the agent left it or that is over the env's bounds or disk quota);
 - ``agent_error``: the agent's code raised, timed out, ran out of memory or processes, or answered with no valid value;
-- ``infra_error``: the evaluation failed for a reason that is not the agent's (a missing package, the harness or the
-  evaluator itself failing, a backend that cannot evaluate the task). Never paid as the agent's outcome.
+- ``infra_error``: the evaluation failed for a reason that is not the agent's, judged from the host independently of
+  what the agent did (a missing package, the harness or the evaluator itself failing, a backend that cannot evaluate
+  the task, a host disk that is full while the env is within its own quota). Never paid as the agent's outcome, so a
+  failure the agent's own actions caused (files it locked, its disk quota used up) is never one.
 """
 
 EVALUATION_STATUS_KEY = "evaluation_status"

@@ -10,6 +10,7 @@ what the env's processes see and may do (``confinement.py``, ``sandbox.py``, ``l
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -23,8 +24,9 @@ from ... import seeding
 from ...errors import BackendUnavailable
 from ...specs import TaskSpec
 from ..protocol import EVALUATION_OK, EVALUATION_STATUS_KEY, INFRA_ERROR, ToolSet, new_info
-from . import actions, observations, task_checks, toolset
+from . import actions, disk_guard, observations, procs, task_checks, toolset
 from . import limits as limits_mod
+from . import quota as quota_mod
 from . import sandbox as sandbox_mod
 from .confinement import Confinement, quote
 from .evaluation import EvaluationFailure, Evaluator, Started
@@ -67,7 +69,10 @@ class LocalBackend:
     can be made, else address space per process; default 4096), ``cpu_seconds`` (CPU time per process),
     ``max_processes`` (tasks alive at once in the session), ``max_file_mb`` (largest file a command may write; default
     4096), ``max_snapshot_mb`` (most file data the copy of the workspace an evaluation makes may hold, holes of sparse
-    files not counted; default four times ``max_file_mb``; a bigger workspace fails to evaluate), ``network``
+    files not counted; default four times ``max_file_mb``; a bigger workspace fails to evaluate), ``max_disk_mb``
+    (the env's disk quota: what the agent's files in the workspace and the copy an evaluation makes of them may take
+    together, the task's own files as given not counted; default ``2 * max_file_mb + 2048``; see ``quota.py``),
+    ``network``
     (allow network access), ``seed`` (starts the episodes' seed stream, as ``reset(seed=...)``; see
     ``reset``),
     ``workspace_dir`` (folder to create the private temporary folder in), ``python`` (the interpreter the agent's
@@ -93,6 +98,7 @@ class LocalBackend:
         max_processes: int | None = 1024,
         max_file_mb: int | None = DEFAULT_FILE_MB,
         max_snapshot_mb: int | None = None,
+        max_disk_mb: int | None = None,
         network: bool = False,
         seed: int | None = None,
         workspace_dir: str | None = None,
@@ -115,6 +121,8 @@ class LocalBackend:
         self.max_file_mb = max_file_mb
         self.max_snapshot_mb = max_snapshot_mb if max_snapshot_mb is not None else SNAPSHOT_FILE_MULTIPLE * (
             max_file_mb or DEFAULT_FILE_MB)
+        self.max_disk_mb = max_disk_mb if max_disk_mb is not None else quota_mod.default_disk_mb(
+            max_file_mb, DEFAULT_FILE_MB)
         self.network = network
         self.data_dir = data_dir
         self.gpus = gpus
@@ -145,6 +153,8 @@ class LocalBackend:
         """The workspace's folder on this machine (what the driver reads and writes)."""
         self._commands = folders.commands
         self._files = WorkspaceFiles(spec, folders.workspace, folders.pristine, data_dir)
+        self._disk = quota_mod.DiskQuota(self.max_disk_mb << 20, folders.workspace)
+        disk_guard.watch(self._disk, functools.partial(_stop_processes, self._res))
         self._added: list[dict[str, str]] = []
         self._scores: list[Any] = []
 
@@ -221,7 +231,10 @@ class LocalBackend:
         self.current_step = 0
         self.returncode = None
         self._scores = []
-        self._files.prepare()
+        with self._disk.lock:  # the disk guard must not walk the workspace while it is emptied and filled
+            self._files.prepare()
+            self._disk.record_task_files(list(self._files.pristine))
+        self._disk.exceeded_seen, self._disk.stopped_at = False, 0
         self.task = LocalTask(args=self._task_args())
         if not self._take_warm_shell():
             self._start_session()
@@ -249,7 +262,9 @@ class LocalBackend:
 
     def close(self) -> None:
         """Kill every process of the backend and delete its folder. Safe to call more than once."""
-        self._finalizer()
+        disk_guard.unwatch(self._disk)
+        with self._disk.lock:  # a walk of the disk guard's under way ends first
+            self._finalizer()
 
     # -- tools -----------------------------------------------------------------------------------------------------
     def install_tools(self) -> ToolSet:
@@ -317,9 +332,17 @@ class LocalBackend:
         if result.shell_died:
             note = self._restart(result, "exited")
             self.returncode = result.returncode
-            return f"{output}\n{note}" if output else note
+            return self._disk_note(f"{output}\n{note}" if output else note)
         self.returncode = result.returncode
-        return self._res.after_command(output, self.limits)
+        return self._disk_note(self._res.after_command(output, self.limits))
+
+    def _disk_note(self, output: str) -> str:
+        """``output``, with a note when the disk guard stopped the env's processes since the last one."""
+        if not self._disk.exceeded_seen:
+            return output
+        self._disk.exceeded_seen = False
+        note = disk_guard.NOTE_OVER_QUOTA.format(mb=self.max_disk_mb)
+        return f"{output}\n{note}" if output else note
 
     def step(self, action: str) -> tuple[str | None, float, bool, dict[str, Any]]:
         """One agent action, in MLGym's order: count, autosubmit past ``max_steps``, special actions, run, markers."""
@@ -391,7 +414,7 @@ class LocalBackend:
         self._scores.append(metrics)
         info["score"] = list(self._scores)
         baseline = self.spec.baseline_scores[0] if self.spec.baseline_scores else "NA (no baseline was there)"
-        artefact_exists = action == "validate" and self._in_workspace(submission).exists()
+        artefact_exists = action == "validate" and os.path.exists(self._in_workspace(submission))  # False if locked
         return observations.scored(info, action, metrics, submission, baseline=baseline,
                                    artefact_exists=artefact_exists)
 
@@ -403,13 +426,15 @@ class LocalBackend:
             return Path(shown)
 
     def _evaluator(self) -> Evaluator:
-        return self._confinement.evaluator(
+        evaluator = self._confinement.evaluator(
             seeds=self._episode_seeds or seeding.EpisodeSeeds.draw(None, 0),
             timeout=float(self.task.args.training_timeout if self.task else self.long_timeout),
             max_output_bytes=4 * self.max_output_chars,
             max_snapshot_bytes=self.max_snapshot_mb << 20 if self.max_snapshot_mb else None,
             agent_code_in_process=self.trust_agent_code and task_checks.agent_code_in_evaluator(self.spec),
         )
+        evaluator.disk_quota = self._disk
+        return evaluator
 
     # -- internals -------------------------------------------------------------------------------------------------
     def _task_args(self) -> TaskSpec:
@@ -423,8 +448,8 @@ class LocalBackend:
 
     def _start_session(self) -> None:
         self._res.stop_session()
-        with contextlib.suppress(OSError):  # the agent may have locked its own workspace (chmod 000): reopen it,
-            mode = self.host_workspace.stat().st_mode  # or the new shell's ``cd`` fails and the step with it
+        with contextlib.suppress(OSError), self._disk.lock:  # the agent may have locked its own workspace (chmod
+            mode = self.host_workspace.stat().st_mode  # 000): reopen it, or the new shell's ``cd`` fails
             if mode & 0o700 != 0o700:
                 os.chmod(self.host_workspace, (mode & 0o7777) | 0o700)
         self._set_up(self._new_session(self._res.cgroup, self._res.memory))
@@ -461,3 +486,12 @@ class LocalBackend:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+def _stop_processes(resources: Resources) -> None:
+    """Kill every process of the env's session, its shell too (``disk_guard``: the env is over its disk quota).
+
+    The shell goes too because a loop of the command runs in the shell itself. Only signals are sent (from the
+    guard's thread): the driver sees the shell end and starts a new one, as after any shell that exits."""
+    session = resources.session
+    if session is not None and session.alive:
+        procs.kill_all(session.processes() | {session.shell_pid})

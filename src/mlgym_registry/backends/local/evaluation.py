@@ -10,6 +10,7 @@ scratch copy in the evaluator's output are shown as the workspace's own.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -24,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from ..protocol import AGENT_ERROR, INFRA_ERROR, INVALID_SUBMISSION, non_finite
-from . import procs, trees
+from . import eval_clock, procs, trees
 from .output import CappedBuffer, normalise
+from .quota import DiskQuota
+from .submission_check import SubmissionSchema, check_submission
 
 SUPPORTED = ("PythonSubmissionTasks", "CSVSubmissionTasks", "ModelSubmissionTasks")
 
@@ -74,10 +77,22 @@ class InvalidMetrics(EvaluationFailure):
 
 
 class WorkspaceTooLarge(EvaluationFailure):
-    """The workspace is over the bounds of the copy an evaluation makes of it (bytes of data, files, folder depth):
-    the submission cannot be evaluated, and the message tells the agent what to do."""
+    """The workspace is over the bounds of the copy an evaluation makes of it (bytes of data, files, folder depth,
+    the env's disk quota): the submission cannot be evaluated, and the message tells the agent what to do."""
 
     status = INVALID_SUBMISSION
+
+
+class WorkspaceUnreadable(EvaluationFailure):
+    """Reading or copying the workspace failed: the agent's doing (its files), unless the host was at fault, which
+    ``Evaluator`` judges from the host side (``status``)."""
+
+    def __init__(self, text: str, status: str = INVALID_SUBMISSION):
+        super().__init__(text)
+        self.status = status
+
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def format_error(output: str, status: str = INVALID_SUBMISSION) -> EvaluationFormatError:
@@ -198,8 +213,12 @@ class Evaluator:
     max_snapshot_bytes: int | None = None  # file data the copy of the workspace may hold (None: unbounded)
     max_snapshot_files: int | None = trees.DEFAULT_MAX_FILES  # files, folders and links it may hold
     _deadline: float | None = field(default=None, init=False, repr=False)  # when the running evaluation times out
+    _clock: eval_clock.EvaluationClock | None = field(default=None, init=False, repr=False)  # and its own clock
     extra_env: dict[str, str] = field(default_factory=dict)  # for the evaluator's process only (its seed)
     agent_seed: int | None = None  # seeds ``random`` and numpy where the agent's code runs
+    cpu_usage: eval_clock.Sampler | None = None
+    """The CPU the evaluation's processes used and waited for so far (``cgroups.Envelope.usage``): its time limit
+    then counts only the time it could run (``eval_clock``). None: wall time alone."""
     limit_events: Callable[[], int] | None = None
     """Counts the env's memory and process-limit events so far: one during the evaluation makes a failure the
     agent's (its processes used up what the evaluator needed), never the infrastructure's."""
@@ -211,6 +230,11 @@ class Evaluator:
     agent_code_in_process: bool = False
     """The evaluator imports the agent's modules itself (a task that declares ``agent_code_in_evaluator``, run with
     ``trust_agent_code``): no agent process, and nothing the evaluation prints can be trusted."""
+    disk_quota: DiskQuota | None = None
+    """The env's disk quota: the copy stops at it (the agent's failure), and it tells whose a full disk is."""
+    submission_schema: SubmissionSchema | None = None
+    """The task's submission schema: the submission in the evaluation's view is checked against it before the
+    evaluator runs (``submission_check``); None: no check."""
 
     @property
     def shown_workspace(self) -> str:
@@ -237,7 +261,12 @@ class Evaluator:
             raise EvaluationTimeout(str(exc), self._agent_failure()) from None
         except Exception as exc:  # noqa: BLE001 - an unexpected failure of ours, unless the agent's processes caused it
             failure = EvaluationFailure(f"{type(exc).__name__}: {exc}")
-            failure.status = AGENT_ERROR if self._limits_hit(events) else INFRA_ERROR
+            if self._limits_hit(events):
+                failure.status = AGENT_ERROR
+            elif isinstance(exc, OSError) and exc.errno in DISK_FULL:
+                failure.status = self._disk_full_status()  # e.g. starting the evaluation in a full disk
+            else:
+                failure.status = INFRA_ERROR
             raise failure from exc
         if non_finite(metrics):
             raise InvalidMetrics(metrics)
@@ -262,24 +291,21 @@ class Evaluator:
                 f"{', '.join(SUPPORTED)}); run this task with the 'mlgym' backend (MLGym in a container) instead."
             )
         self._deadline = time.monotonic() + self.timeout  # the time limit covers copying the workspace too
+        self._clock = eval_clock.EvaluationClock(self._deadline - self.timeout, self.timeout, self.cpu_usage)
         if started is None or not started.waiting():
             if started is not None:
                 started.end()
             started = self.start()  # before the copy: the sandboxes and interpreters start while it is made
         try:
-            submission = self._find_submission()
-            agent_view, eval_view = started.agent_view, started.eval_view
-            with freeze() if freeze is not None else contextlib.nullcontext():
-                _snapshot(self.workspace, agent_view, skip=set(self.pristine), budget=trees.CopyBudget(
-                    self.max_snapshot_bytes, self.max_snapshot_files, self._deadline), into_empty=True)
-            for relative, source in self.pristine.items():
-                if relative not in self.secrets:
-                    _restore(source, agent_view / relative)
-            for relative in self.secrets:  # also where a pristine folder put back above holds one
-                _remove(agent_view / relative)
-            _link_tree(agent_view, eval_view)
-            for relative, source in self.pristine.items():
-                _restore(source, eval_view / relative)
+            try:
+                with freeze() if freeze is not None else contextlib.nullcontext():
+                    self._copy_workspace(started.agent_view)
+                self._fill_views(started)
+                submission = self._find_submission(started.agent_view)
+                # it reads the agent's file as copied, modes kept: one the agent locked is the agent's failure too
+                check_submission(self.submission_schema, started.eval_view, self.pristine)
+            except OSError as exc:  # reading the agent's files, or writing their copy
+                raise self._unreadable(exc) from exc
             script = self.evaluation_paths[0] if self.evaluation_paths else "evaluate.py"
             argv = [script]
             relative_submission = Path(submission).relative_to(self.shown_workspace)
@@ -293,20 +319,82 @@ class Evaluator:
         self.last_modules = [m for m in (ended or {}).get("modules", []) if isinstance(m, str) and m.isidentifier()]
         return self._parse(output, ended), submission
 
-    def _find_submission(self) -> str:
+    def _copy_workspace(self, agent_view: Path) -> None:
+        """Copy the agent's files (less the task's paths, put back after) into ``agent_view``, within the copy's
+        bounds and the env's disk quota."""
+        budget = trees.CopyBudget(self.max_snapshot_bytes, self.max_snapshot_files, self._deadline)
+        if self.disk_quota is None:
+            _snapshot(self.workspace, agent_view, skip=set(self.pristine), budget=budget, into_empty=True)
+            return
+        with self.disk_quota.lock:  # the disk guard walks the workspace at other times only
+            try:
+                budget.max_disk = self.disk_quota.copy_allowance(self._deadline)
+            except trees.TooLarge as exc:
+                raise _too_large(exc) from None
+            except trees.CopyTimeout:
+                raise TimeoutError("the evaluation ran out of time while measuring the workspace") from None
+            budget.quota_mb = self.disk_quota.limit_mb
+            _snapshot(self.workspace, agent_view, skip=set(self.pristine), budget=budget, into_empty=True)
+
+    def _fill_views(self, started: Started) -> None:
+        """Put the pristine files back into the agent's view (less the secrets) and make the evaluation's view: the
+        agent's view, the pristine files and the secrets."""
+        agent_view, eval_view = started.agent_view, started.eval_view
+        for relative, source in self.pristine.items():
+            if relative not in self.secrets:
+                _restore(source, agent_view / relative)
+        for relative in self.secrets:  # also where a pristine folder put back above holds one
+            _remove(agent_view / relative)
+        _link_tree(agent_view, eval_view)
+        for relative, source in self.pristine.items():
+            _restore(source, eval_view / relative)
+
+    def _find_submission(self, copy: Path) -> str:
+        """The submission's path as the agent names it, looked for in ``copy`` (the agent's view: the workspace as
+        copied, the task's files put back), never in the live folder, which the agent may have changed or locked
+        since."""
         shown = self.shown_workspace
         if self.entrypoint == "PythonSubmissionTasks":
             return f"{shown}/target.py"
         if self.entrypoint == "CSVSubmissionTasks":
-            if "submission.csv" in os.listdir(self.workspace):
+            if os.path.isfile(copy / "submission.csv"):
                 return f"{shown}/submission.csv"
             raise SubmissionNotFoundError("no submission.csv in the workspace")
-        for folder, dirs, files in sorted(os.walk(self.workspace)):
+        for folder, dirs, files in sorted(os.walk(copy)):
             dirs.sort()
             for name in sorted(files):
                 if name.endswith(".yaml"):
-                    return str(Path(shown) / Path(folder, name).relative_to(self.workspace))
+                    return str(Path(shown) / Path(folder, name).relative_to(copy))
         raise SubmissionNotFoundError("no *.yaml configuration in the workspace")
+
+    def _unreadable(self, exc: OSError) -> EvaluationFailure:
+        """The failure for an error while reading the agent's files or writing their copy: the agent's (it locked its
+        files, linked them in a loop, made names too long), unless the host was at fault, judged from the host side:
+        a disk full while the env is within its quota, a failing disk, this process out of descriptors or memory."""
+        where = f" ({_shown_path(exc, self.workspace, self.shown_workspace)})" if exc.filename else ""
+        if exc.errno in DISK_FULL:
+            if self._disk_full_status() != INFRA_ERROR:
+                quota = self.disk_quota.limit_mb if self.disk_quota is not None else 0
+                return WorkspaceTooLarge(
+                    f"The workspace is too large to evaluate: the disk is full and this environment's files take more "
+                    f"than its disk quota of {quota} MB. An evaluation copies the workspace first; delete what it does "
+                    "not need (checkpoints, caches, copies of data) and try again.")
+            return WorkspaceUnreadable(f"the host's disk is full while this environment is within its disk quota: "
+                                       f"{exc.strerror}{where}", INFRA_ERROR)
+        if exc.errno in trees.HOST_ERRNOS:
+            return WorkspaceUnreadable(f"copying the workspace failed on the host: {exc.strerror}{where}", INFRA_ERROR)
+        return WorkspaceUnreadable(
+            f"The workspace could not be read for the evaluation: {exc.strerror or exc}{where}. The evaluation reads "
+            "every file of the workspace as it is; give your files and folders back their permissions (e.g. chmod "
+            "-R u+rwX .), remove links that loop, and try again.")
+
+    def _disk_full_status(self) -> str:
+        """Whose failure a write that found the disk full was: the agent's when the env takes more than its disk
+        quota (its files filled the disk), else the host's (someone else filled it, or it is smaller than the envs'
+        quotas need). Without a quota, always the host's."""
+        if self.disk_quota is not None and self.disk_quota.exceeded():
+            return INVALID_SUBMISSION
+        return INFRA_ERROR
 
     def _parse(self, output: str, ended: dict | None) -> Any:
         """The metrics the evaluator printed; without them, a format error whose status comes from how the
@@ -429,7 +517,7 @@ class Evaluator:
         evaluator's output, and how the script ended as the harness reported it (None when it did not)."""
         started.go_on([f"{started.shown_eval_view}/{argv[0]}", *argv[1:]], self._trusted_modules())
         try:
-            output = self._collect(started.proc)
+            output = self._collect(started.proc, started.runner)
         finally:
             started.stop()
         ended = started.read_status()
@@ -438,25 +526,27 @@ class Evaluator:
             output = output.replace(str(started.agent_view), self.shown_workspace)  # the agent's own frames
         return output, ended
 
-    def _collect(self, proc: subprocess.Popen) -> str:
+    def _collect(self, proc: subprocess.Popen, runner: subprocess.Popen | None = None) -> str:
         buffer = CappedBuffer(self.max_output_bytes)
         fd = proc.stdout.fileno()  # type: ignore[union-attr]
-        deadline = self._deadline if self._deadline is not None else time.monotonic() + self.timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"the evaluation did not finish within {_seconds(self.timeout)} seconds")
+        clock = self._clock or eval_clock.EvaluationClock(time.monotonic(), self.timeout, self.cpu_usage)
+        clock.roots = frozenset(p.pid for p in (proc, runner) if p is not None)
+        while (left := clock.left()) > 0:
             ready, _, _ = select.select([fd], [], [], left)
             if ready:
                 data = os.read(fd, 1 << 16)
                 if not data:
                     break
                 buffer.add(data)
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:  # it closed its output but kept running
-            raise TimeoutError(f"the evaluation did not finish within {_seconds(self.timeout)} seconds") from None
-        return normalise(buffer.contents())
+        while (left := clock.left()) > 0:
+            try:
+                proc.wait(timeout=max(left, 0.1))
+                return normalise(buffer.contents())
+            except subprocess.TimeoutExpired:  # it closed its output but kept running
+                pass
+        if clock.starved():
+            raise EvaluationTimeout(clock.starved_message(), INFRA_ERROR)
+        raise TimeoutError(f"the evaluation did not finish within {_seconds(self.timeout)} seconds")
 
 
 CHANNEL_BYTES = 4 << 20
@@ -531,12 +621,21 @@ def _snapshot(
     try:
         trees.copy_tree(source, target, skip, budget, into_empty=into_empty)
     except trees.TooLarge as exc:
-        raise WorkspaceTooLarge(
-            f"The workspace is too large to evaluate: {exc}. An evaluation copies the workspace first; delete what "
-            "it does not need (checkpoints, caches, copies of data) and try again."
-        ) from None
+        raise _too_large(exc) from None
     except trees.CopyTimeout:
         raise TimeoutError("the evaluation ran out of time while copying the workspace") from None
+
+
+def _too_large(exc: trees.TooLarge) -> WorkspaceTooLarge:
+    return WorkspaceTooLarge(
+        f"The workspace is too large to evaluate: {exc}. An evaluation copies the workspace first; delete what it "
+        "does not need (checkpoints, caches, copies of data) and try again."
+    )
+
+
+def _shown_path(exc: OSError, workspace: Path, shown: str) -> str:
+    """The path an error names, as the agent sees it (the workspace's host folder replaced by its own name)."""
+    return str(exc.filename).replace(str(workspace), shown)
 
 
 def _seconds(value: float) -> str:

@@ -5,6 +5,11 @@ every name through its folder's descriptor, never through a path (which would fo
 and fails past ``PATH_MAX``). ``copy_tree`` copies what is really there: holes of sparse files stay holes, links are
 never followed while copying, and it stops with ``TooLarge`` or ``CopyTimeout`` at its budget's bounds.
 ``remove_tree`` deletes through read-only folders without holding a descriptor per level.
+
+Under a driver that is not root, the agent's files belong to the driver's user (the sandbox maps the agent's user to
+it), so a mode the agent set (``chmod 000``) would lock the driver out of them: the walks give themselves the owner's
+read (and a folder's search) bit on such a file or folder for as long as they read it, and give its mode back
+afterwards (see ``_Access``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ MAX_DEPTH = 100
 
 DEFAULT_MAX_FILES = 250_000
 """The most files, folders and links one copy of a workspace may hold."""
+
+HOST_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE,
+                         errno.ENOMEM})
+"""Errors a copy never skips over (as it skips a file that vanished or was swapped): the disk is full or failing, or
+this process ran out of descriptors or memory. They stop the copy, and the caller decides whose failure it was."""
 
 _CHUNK = 8 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -46,8 +56,14 @@ class CopyBudget:
     max_files: int | None = DEFAULT_MAX_FILES
     deadline: float | None = None
     max_depth: int = MAX_DEPTH
+    max_disk: int | None = None
+    """The most disk the copied entries may take where they are (``allocated``), so that they and their copy fit in
+    the env's disk quota; None: unbounded."""
+    quota_mb: int | None = None
+    """The env's disk quota (for the message when ``max_disk`` is passed)."""
     bytes: int = 0
     files: int = 0
+    disk: int = 0
 
     def check_time(self) -> None:
         """Raise ``CopyTimeout`` once the deadline has passed."""
@@ -61,6 +77,13 @@ class CopyBudget:
             raise TooLarge(f"the workspace holds more than {self.max_files} files, folders and links")
         self.check_time()
 
+    def add_disk(self, info: os.stat_result) -> None:
+        """Count the disk an entry takes (raises ``TooLarge`` past ``max_disk``)."""
+        self.disk += allocated(info)
+        if self.max_disk is not None and self.disk > self.max_disk:
+            raise TooLarge(f"the workspace and the copy an evaluation makes of it would take more than this "
+                           f"environment's disk quota of {self.quota_mb} MB")
+
     def add_bytes(self, count: int) -> None:
         """Count ``count`` more bytes of file data (raises ``TooLarge`` past ``max_bytes``)."""
         self.bytes += count
@@ -72,23 +95,108 @@ def _megabytes(count: int) -> str:
     return f"{count / (1 << 20):g}"
 
 
+ENTRY_BYTES = 4096
+"""The least one entry is counted to take on disk: an empty file takes no block, but it takes an inode, and a disk
+runs out of those too."""
+
+
+def allocated(info: os.stat_result) -> int:
+    """The disk an entry takes: its allocated blocks (holes of sparse files take none), at least ``ENTRY_BYTES``."""
+    return max(info.st_blocks * 512, ENTRY_BYTES)
+
+
+# -- reading what the agent locked ------------------------------------------------------------------------------------
+class _Access:
+    """Opens the agent's files and folders for reading whatever their mode, and gives each its mode back at ``close``.
+
+    Only what the agent could have locked is opened this way: a file or folder (never a link) that belongs to this
+    process's user and lacks its owner's read bit (a folder: read or search bit). It is reached through a descriptor
+    of the name that follows no link (``O_PATH``), its mode is changed through that descriptor, and it is reopened
+    through it too (``/proc/self/fd``), so the entry changed and opened is the one inspected, even if the name is
+    swapped meanwhile. Root needs none of this (it reads any file), and no mode is changed for it.
+    """
+
+    def __init__(self) -> None:
+        self.uid = os.geteuid()
+        self._modes: dict[int, int] = {}  # open descriptor -> the mode to give back when it is closed
+
+    def open_folder(self, name: Path | str, dir_fd: int | None) -> int:
+        """Open a folder for reading and searching (never through a link)."""
+        fd = self._open(name, dir_fd, _DIR_FLAGS, 0o500)
+        if self.uid != 0 and fd not in self._modes:
+            info = os.fstat(fd)  # it opened (its read bit is set) but may still be shut to search (no x bit)
+            mode = stat.S_IMODE(info.st_mode)
+            if mode & 0o500 != 0o500 and info.st_uid == self.uid:
+                try:
+                    os.fchmod(fd, mode | 0o500)
+                except OSError:
+                    pass
+                else:
+                    self._modes[fd] = mode
+        return fd
+
+    def open_file(self, name: str, dir_fd: int) -> int:
+        """Open a file for reading (never through a link, never blocking on a fifo)."""
+        return self._open(name, dir_fd, _NO_FOLLOW, 0o400)
+
+    def mode(self, fd: int, info: os.stat_result) -> int:
+        """The mode of the open entry ``fd`` (``info``: its ``fstat``) as the agent left it."""
+        return self._modes.get(fd, stat.S_IMODE(info.st_mode))
+
+    def close(self, fd: int) -> None:
+        """Give the entry its mode back (if it was changed) and close it."""
+        mode = self._modes.pop(fd, None)
+        if mode is not None:
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, mode)
+        os.close(fd)
+
+    def _open(self, name: Path | str, dir_fd: int | None, flags: int, bits: int) -> int:
+        try:
+            return os.open(name, flags, dir_fd=dir_fd)
+        except PermissionError:
+            if self.uid == 0:
+                raise
+        handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+        try:
+            info = os.fstat(handle)
+            mode = stat.S_IMODE(info.st_mode)
+            kind = stat.S_ISDIR if flags & os.O_DIRECTORY else stat.S_ISREG
+            if info.st_uid != self.uid or not kind(info.st_mode) or mode & bits == bits:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(name))
+            through = f"/proc/self/fd/{handle}"
+            os.chmod(through, mode | bits)
+            try:
+                fd = os.open(through, flags & ~os.O_NOFOLLOW)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.chmod(through, mode)
+                raise
+            self._modes[fd] = mode
+            return fd
+        finally:
+            os.close(handle)
+
+
 # -- copying ----------------------------------------------------------------------------------------------------------
 def copy_tree(source: Path, target: Path, skip: set[str], budget: CopyBudget, *, into_empty: bool = False) -> None:
     """Copy the folder ``source`` to the new folder ``target`` (with ``into_empty``: into the empty folder ``target``,
     which a sandbox may already show), leaving out the relative paths in ``skip``.
 
     Names are opened relative to their folder's descriptor with ``O_NOFOLLOW``, so a file or folder swapped for a
-    link between listing and opening is left out rather than read through the link. Plain files keep their mode and
-    times and only their data is copied (holes stay holes); fifos, sockets and devices are left out. Links are
-    resolved inside the copy afterwards (``_resolve_links``). Raises ``TooLarge`` or ``CopyTimeout`` at the
-    budget's bounds (the partial copy is left for the caller to delete).
+    link between listing and opening is left out rather than read through the link; what the agent locked is read
+    anyway (``_Access``). Plain files keep their mode (the agent's, not the one given for reading) and times and only
+    their data is copied (holes stay holes); fifos, sockets and devices are left out. Links are resolved inside the
+    copy afterwards (``_resolve_links``). Raises ``TooLarge`` or ``CopyTimeout`` at the budget's bounds (bytes,
+    entries, depth, disk), and the ``OSError`` of ``HOST_ERRNOS`` (the partial copy is left for the caller to delete).
     """
     links: list[str] = []
-    root_fd = os.open(source, _DIR_FLAGS)
+    access = _Access()
+    root_fd = access.open_folder(source, None)
     if not into_empty:
         os.mkdir(target)
     elif os.listdir(target):
-        os.close(root_fd)
+        access.close(root_fd)
         raise FileExistsError(f"{target} is not empty")
     stack: list[tuple[int, Path, str, os.ScandirIterator]] = [(root_fd, target, "", os.scandir(root_fd))]
     try:
@@ -97,7 +205,7 @@ def copy_tree(source: Path, target: Path, skip: set[str], budget: CopyBudget, *,
             entry = next(entries, None)
             if entry is None:
                 entries.close()
-                os.close(folder_fd)
+                access.close(folder_fd)
                 stack.pop()
                 continue
             relative = prefix + entry.name
@@ -106,33 +214,118 @@ def copy_tree(source: Path, target: Path, skip: set[str], budget: CopyBudget, *,
             budget.add_file()
             try:
                 info = entry.stat(follow_symlinks=False)
+                budget.add_disk(info)
                 if stat.S_ISLNK(info.st_mode):
                     os.symlink(os.readlink(entry.name, dir_fd=folder_fd), folder / entry.name)
                     links.append(relative)
                 elif stat.S_ISDIR(info.st_mode):
                     if len(stack) >= budget.max_depth:
                         raise TooLarge(f"the workspace has folders nested more than {budget.max_depth} deep")
-                    child = os.open(entry.name, _NO_FOLLOW | os.O_DIRECTORY, dir_fd=folder_fd)
+                    child = access.open_folder(entry.name, folder_fd)
                     try:
                         (folder / entry.name).mkdir()
                         children = os.scandir(child)
                     except BaseException:
-                        os.close(child)
+                        access.close(child)
                         raise
                     stack.append((child, folder / entry.name, relative + "/", children))
                 elif stat.S_ISREG(info.st_mode):
-                    _copy_file(folder_fd, entry.name, folder / entry.name, budget)
-            except OSError:
+                    _copy_file(folder_fd, entry.name, folder / entry.name, budget, access)
+            except OSError as exc:
+                if exc.errno in HOST_ERRNOS:
+                    raise
                 continue  # gone, swapped for a link, a path too long: not part of the copy
     finally:
         for folder_fd, _folder, _prefix, entries in stack:
             entries.close()
-            os.close(folder_fd)
+            access.close(folder_fd)
     _resolve_links(target, links)
 
 
-def _copy_file(folder_fd: int, name: str, target: Path, budget: CopyBudget) -> None:
-    fd = os.open(name, _NO_FOLLOW, dir_fd=folder_fd)
+def disk_usage(root: Path | str, relative: str = "", budget: CopyBudget | None = None) -> int:
+    """What the file or folder ``relative`` in the folder ``root`` (``root`` itself when empty) takes on disk
+    (``allocated`` per entry, a file with several links once); 0 when it is not there. Links are never followed, and
+    locked folders are read as ``copy_tree`` reads them. With ``budget``, its entries count against its bounds
+    (files, depth, deadline: ``TooLarge``, ``CopyTimeout``), as a copy's would; without, what lies more than
+    ``MAX_DEPTH`` folders deep is left out (a descriptor stays open per level)."""
+    strict = budget is not None
+    budget = budget if budget is not None else CopyBudget(max_files=None)
+    access = _Access()
+    parts = [part for part in relative.split("/") if part and part != "."]
+    try:
+        fd = access.open_folder(root, None)
+    except FileNotFoundError:
+        return 0
+    try:
+        for part in parts[:-1]:
+            child = access.open_folder(part, fd)
+            access.close(fd)
+            fd = child
+        if not parts:
+            folder, fd = fd, -1  # the walk closes it
+            return allocated(os.fstat(folder)) + _tree_usage(folder, access, budget, strict)
+        info = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        if not stat.S_ISDIR(info.st_mode):
+            return allocated(info)
+        return allocated(info) + _tree_usage(access.open_folder(parts[-1], fd), access, budget, strict)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    finally:
+        if fd >= 0:
+            access.close(fd)
+
+
+def _tree_usage(root_fd: int, access: _Access, budget: CopyBudget, strict: bool) -> int:
+    """What the entries of the open folder ``root_fd`` take on disk (see ``disk_usage``); closes it."""
+    total = 0
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[int, os.ScandirIterator]] = []
+    try:
+        stack.append((root_fd, os.scandir(root_fd)))
+    except BaseException:
+        access.close(root_fd)
+        raise
+    try:
+        while stack:
+            folder_fd, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                entries.close()
+                access.close(folder_fd)
+                stack.pop()
+                continue
+            budget.add_file()
+            try:
+                info = entry.stat(follow_symlinks=False)
+                if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode):
+                    if (info.st_dev, info.st_ino) in seen:
+                        continue
+                    seen.add((info.st_dev, info.st_ino))
+                total += allocated(info)
+                if stat.S_ISDIR(info.st_mode):
+                    if len(stack) >= budget.max_depth:
+                        if not strict:
+                            continue
+                        raise TooLarge(f"the workspace has folders nested more than {budget.max_depth} deep")
+                    child = access.open_folder(entry.name, folder_fd)
+                    try:
+                        stack.append((child, os.scandir(child)))
+                    except BaseException:
+                        access.close(child)
+                        raise
+            except OSError as exc:
+                if exc.errno in HOST_ERRNOS:
+                    raise
+                continue  # gone meanwhile
+    finally:
+        for folder_fd, entries in stack:
+            entries.close()
+            access.close(folder_fd)
+    return total
+
+
+def _copy_file(folder_fd: int, name: str, target: Path, budget: CopyBudget, access: _Access) -> None:
+    fd = access.open_file(name, folder_fd)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -141,12 +334,12 @@ def _copy_file(folder_fd: int, name: str, target: Path, budget: CopyBudget) -> N
         out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
         try:
             _copy_data(fd, out, info.st_size, budget)
-            os.fchmod(out, stat.S_IMODE(info.st_mode))
+            os.fchmod(out, access.mode(fd, info))
             os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
         finally:
             os.close(out)
     finally:
-        os.close(fd)
+        access.close(fd)
 
 
 def _copy_data(source: int, target: int, size: int, budget: CopyBudget) -> None:
@@ -176,7 +369,13 @@ def _copy_range(source: int, target: int, start: int, end: int, budget: CopyBudg
         count = min(_CHUNK, end - position)
         try:
             done = os.copy_file_range(source, target, count, position, position)
-        except (AttributeError, OSError):
+        except OSError as exc:
+            if exc.errno in HOST_ERRNOS:
+                raise
+            done = -1
+        except AttributeError:
+            done = -1
+        if done < 0:  # no copy_file_range between these files: read and write
             data = os.pread(source, count, position)
             done = os.pwrite(target, data, position) if data else 0
         if done <= 0:

@@ -1,0 +1,139 @@
+"""Each env's own disk quota, and whose failure a full disk is.
+
+An env's disk is its workspace and the copy of it that each evaluation makes (``evaluation.py``). The quota bounds
+what the agent put there: its files, and their copy, together at most ``limit`` bytes. The task's own files in the
+workspace (its datasets, the evaluation files, as they were at reset) are not the agent's and do not count; what the
+agent adds to them does.
+
+It is a checked budget, not a file system of its own (which only a privileged driver could mount): every evaluation
+measures the workspace as it copies it and stops at the quota, and that is the agent's failure (``WorkspaceTooLarge``,
+an invalid submission). Between evaluations, ``disk_guard`` stops the agent's processes once its files take more
+than the quota, within a second or so of their going over it; a command cannot write a file over ``max_file_mb``
+(``RLIMIT_FSIZE``) in any case. A disk that is full while the env is within its quota was filled by someone else (or
+is too small for the quotas of its envs): that is the host's failure, ``infra_error``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import trees
+
+DEFAULT_SPARE_MB = 2048
+"""``max_disk_mb`` defaults to two files of the largest size a command may write (``max_file_mb``: one in the
+workspace, one in its copy) and this much more."""
+
+
+def default_disk_mb(max_file_mb: int | None, default_file_mb: int) -> int:
+    """The default quota: room for a workspace holding one file of ``max_file_mb`` and its evaluation copy, and
+    ``DEFAULT_SPARE_MB`` more (10240 MB with the default ``max_file_mb`` of 4096)."""
+    return 2 * (max_file_mb or default_file_mb) + DEFAULT_SPARE_MB
+
+
+@dataclass
+class DiskQuota:
+    """The disk quota of one env: ``limit`` bytes for the agent's files in ``workspace`` and the copy of them that an
+    evaluation makes."""
+
+    limit: int
+    workspace: Path
+    task_bytes: dict[str, int] = field(default_factory=dict)
+    """What each of the task's own paths in the workspace (the keys of ``WorkspaceFiles.pristine``) took at reset."""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Held while the driver walks or changes the workspace (an evaluation's copy, a reset): ``check`` then waits
+    for its next turn rather than walk it at the same time."""
+    exceeded_seen: bool = False
+    """Set when ``disk_guard`` stopped the agent's processes for going over the quota (the next observation says so)."""
+    stopped_at: int = 0
+    """What the env took when ``disk_guard`` last stopped its processes: it stops them again only past that (the
+    agent must be able to run ``rm`` while it is still over). A reset sets it back to 0."""
+    _free_then: int | None = field(default=None, repr=False)
+    _room: int = field(default=0, repr=False)
+    _next_walk: float = field(default=0.0, repr=False)
+
+    @property
+    def limit_mb(self) -> int:
+        """The quota in MB (as ``max_disk_mb`` states it)."""
+        return self.limit >> 20
+
+    def record_task_files(self, relatives: list[str]) -> None:
+        """Measure the task's own paths in the workspace (after a reset filled it): they are not the agent's."""
+        outermost = [r for r in relatives if not any(r.startswith(other.rstrip("/") + "/") for other in relatives)]
+        self.task_bytes = {relative: trees.disk_usage(self.workspace, relative) for relative in outermost}
+
+    def added_to_task_files(self, budget: trees.CopyBudget | None = None) -> int:
+        """What the task's paths in the workspace take now beyond what they took at reset (the agent's additions)."""
+        return sum(max(0, trees.disk_usage(self.workspace, relative, budget) - before)
+                   for relative, before in self.task_bytes.items())
+
+    def copy_allowance(self, deadline: float | None) -> int:
+        """The most disk the agent's files outside the task's paths may take, so that they, their copy and what the
+        agent added to the task's paths fit in the quota. Measuring the task's paths stops at ``deadline``
+        (``CopyTimeout``) and at folders nested deeper than a copy allows (``TooLarge``)."""
+        budget = trees.CopyBudget(max_files=None, deadline=deadline)  # a dataset's files are not the copy's
+        return max(0, (self.limit - self.added_to_task_files(budget)) // 2)
+
+    def usage(self) -> int:
+        """What the agent's files in the workspace take now: all of it but the task's files as they were at reset
+        (what the agent added to those counts), less what lies more than ``trees.MAX_DEPTH`` folders deep (which no
+        evaluation copies). The evaluations' copies are bounded apart (``copy_allowance``)."""
+        return max(0, trees.disk_usage(self.workspace) - sum(self.task_bytes.values()))
+
+    def exceeded(self) -> bool:
+        """Whether the agent's files and the copy an evaluation makes of them take more than the quota: a write that
+        found the disk full was then the agent's doing. False when that cannot be measured (this process is out of
+        descriptors or memory, the disk fails): nothing then shows that the agent is to blame."""
+        try:
+            with self.lock:
+                added = self.usage()  # the task's paths, added to or not, are never copied:
+                return 2 * added - self.added_to_task_files() > self.limit
+        except OSError:
+            return False
+
+    def check(self) -> bool:
+        """Whether the env takes more than its quota now, and more than when it was last stopped for it (for
+        ``disk_guard``, from its thread; it then sets ``stopped_at``). The workspace is
+        walked only when it may be over: when the disk's free space fell by more than the env's room since the last
+        walk, and at least every ``WALK_PERIOD`` seconds (more rarely for a workspace whose walk takes long), so that
+        space others freed meanwhile cannot hide the env's growth for long. False while a copy or reset is under way.
+        """
+        free = _free_bytes(self.workspace)
+        now = time.monotonic()
+        if free is not None and self._free_then is not None and self._free_then - free <= self._room and (
+                now < self._next_walk):
+            return False
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            started = time.monotonic()
+            try:
+                usage = self.usage()
+            except OSError:
+                return False
+            took = time.monotonic() - started
+        finally:
+            self.lock.release()
+        bound = max(self.limit, self.stopped_at)
+        self._free_then, self._room = free, max(0, bound - usage)
+        self._next_walk = now + max(WALK_PERIOD, 100 * took)  # the walks take at most about 1% of a core
+        if usage <= bound:
+            return False
+        self.stopped_at = usage
+        return True
+
+
+WALK_PERIOD = 30.0
+"""The longest ``DiskQuota.check`` goes without measuring the workspace."""
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Free space on the file system of ``path`` (None when it cannot be told)."""
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
