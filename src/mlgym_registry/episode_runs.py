@@ -1,5 +1,5 @@
-"""Playing several episodes at once, whatever the engine: worker processes on this machine (``parallel``) or Ray
-actors on a cluster (``ray_episodes``). The two implementations know nothing of each other; this module picks one.
+"""Playing several episodes at once, whatever the engine: worker processes on this machine (``process_episodes``) or
+Ray actors on a cluster (``ray_episodes``). The two implementations know nothing of each other; this module picks one.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def run_episodes(
 ) -> list[EpisodeResult]:
     """Play ``num_envs`` episodes at once and return their results in env order.
 
-    ``engine="process"`` plays them in worker processes on this machine (``run_parallel``); ``engine="ray"`` as Ray
-    actors, on the cluster at ``address`` or on a local runtime started for the run (``ray_episodes``), with
+    ``engine="process"`` plays them in worker processes on this machine (``process_episodes``); ``engine="ray"`` as
+    Ray actors, on the cluster at ``address`` or on a local runtime started for the run (``ray_episodes``), with
     ``cpus_per_env`` CPUs asked per actor. Both write the same files under ``out``.
     """
     from .validation import InvalidOptionError
@@ -49,7 +49,7 @@ def run_episodes(
         raise InvalidOptionError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
     if address is not None or cpus_per_env is not None:
         raise InvalidOptionError("address= and cpus_per_env= are for engine='ray'; pass engine='ray' to use them")
-    from .parallel import run_parallel
+    from .process_episodes import run_process_episodes
 
-    return run_parallel(spec, policy, num_envs, out=out, seed=seed, on_step=on_step, options=options,
-                        episodes_per_env=episodes_per_env, folders=folders)
+    return run_process_episodes(spec, policy, num_envs, out=out, seed=seed, on_step=on_step, options=options,
+                                episodes_per_env=episodes_per_env, folders=folders)

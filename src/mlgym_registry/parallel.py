@@ -1,13 +1,17 @@
-"""Several episodes at once on one machine, through TorchRL's multi-process collector.
+"""Several episodes at once on one machine (``run_parallel``), and TorchRL's multi-process collector over our envs
+(``episode_collector``, with ``TextPolicy`` running a text policy next to each env).
 
-Workers rebuild their env from ``TaskSpec.to_dict()`` (``EnvFactory``: picklable, with no reference to anything
-registered in this process) and run the policy next to it (``TextPolicy``: a TensorDict module around one of our text
-policies). Each worker plays its episodes on its own; this process receives every step as it happens, rebuilds the
-turns and writes each episode's ``.traj`` and ``results.json`` as they grow. The workers are forked from a server
-that has imported torch, TorchRL and this package (``workers.warm_workers``), not spawned afresh.
+``run_parallel`` (``run --num-envs N``) plays each env's episodes in a worker process of its own and records every
+step in this process (``process_episodes``): every frame is numbered and the queue that carries them never drops one,
+so every step of every episode reaches the files however loaded the machine is, and an episode that is not fully
+received is an ``infra_error``.
 
-On TorchRL 0.14, with string actions and ``History`` data, ``Collector(num_collectors=N)`` was the fastest of the
-options measured (``ParallelEnv`` also works, with its defaults: ``transforms/pools.py``).
+``episode_collector`` is TorchRL's ``Collector(num_collectors=N)`` over the same envs, for training loops that take
+batches of frames. It is lossy by TorchRL's design, not ours: a worker whose frame waits more than a second in the
+collector's one-frame queue (``torchrl.collectors._runner``: ``queue_out.put(..., timeout=_TIMEOUT)``, then
+``queue.Full``) drops it and plays on, so under load the main process misses steps and whole episodes. Use it for
+frames a trainer can afford to miss, never to record episodes. The workers are forked from a server that has imported
+torch, TorchRL and this package (``workers.warm_workers``), not spawned afresh.
 """
 
 from __future__ import annotations
@@ -15,19 +19,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from .env_factory import INFO_KEY, WORKER_KEY, EnvFactory
-from .episode import EpisodeResult, Turn, parse_turn, text_at
-from .episode_folders import FolderName, episode_folder
+from .env_factory import INFO_KEY, WORKER_KEY, EnvFactory  # noqa: F401 - part of this module's interface
+from .episode import EpisodeResult
+from .episode_folders import FolderName
 from .policies.base import PolicyError
 from .specs import TaskSpec
-from .trajectories import TrajectoryWriter
 
 STATS_KEY = "policy_stats"
 CALL_STATS_KEY = "_last_call"
@@ -111,94 +113,6 @@ class TextPolicy(TensorDictModuleBase):
         return tensordict
 
 
-@dataclass
-class _Episode:
-    """An episode being received from a worker."""
-
-    result: EpisodeResult
-    writer: TrajectoryWriter | None
-
-
-class _Receiver:
-    """Turns the frames workers send into episodes, each recorded as it grows.
-
-    A worker plays its episodes one after another; a frame with a trajectory id not seen before starts the worker's
-    next episode. Once a worker has finished ``per_env`` episodes its further frames (the collector keeps it busy
-    until shutdown) are dropped.
-    """
-
-    def __init__(self, spec: TaskSpec, parser: Any, module: TextPolicy, out: Path | None, per_env: int,
-                 folders: FolderName | None = None):
-        self.spec, self.parser, self.module, self.out, self.per_env = spec, parser, module, out, per_env
-        self.folders = folders
-        self.current: dict[int, tuple[int, _Episode]] = {}
-        self.done: dict[int, list[EpisodeResult]] = {}
-        self.steps = 0
-
-    @property
-    def finished(self) -> int:
-        """Episodes finished so far."""
-        return sum(len(results) for results in self.done.values())
-
-    def receive(self, frame: TensorDictBase) -> None:
-        """Record one collected step."""
-        worker = int(text_at(frame, ("next", WORKER_KEY)))
-        trajectory = int(frame.get(("collector", "traj_ids")).item())
-        results = self.done.setdefault(worker, [])
-        if len(results) >= self.per_env:
-            return
-        current = self.current.get(worker)
-        if current is None or current[0] != trajectory:
-            current = self.current[worker] = (trajectory, self._start(worker, len(results), frame))
-        episode = current[1]
-        turn = _turn(frame, len(episode.result.turns), self.parser, self.module)
-        episode.result.turns.append(turn)
-        self.steps += 1
-        if turn.info is not None:
-            episode.result.info = turn.info
-        stats = text_at(frame, STATS_KEY)
-        if stats:
-            stats = json.loads(stats)
-            turn.call = stats.pop(CALL_STATS_KEY, None)
-            episode.result.info = {**episode.result.info, "model_stats": stats}
-            turn.info = episode.result.info
-        if episode.writer is not None:
-            episode.writer.step(turn.step(), info=episode.result.info)
-            messages = _messages(frame.get("next"), self.module.in_keys[0])
-            if not turn.done and messages and messages[-1]["role"] == "user":
-                episode.writer.user(messages[-1]["content"])
-        error = text_at(frame, POLICY_ERROR_KEY)
-        if error:
-            episode.result.failure = error
-            if episode.writer is not None:
-                episode.writer.fail(error, info=episode.result.info)
-        if turn.done:
-            episode.result.finished = True
-            results.append(episode.result)
-            del self.current[worker]
-            if episode.writer is not None:
-                episode.writer.finish(episode.result.info)
-
-    def _start(self, worker: int, number: int, frame: TensorDictBase) -> _Episode:
-        writer = None
-        if self.out is not None:
-            folder = episode_folder(worker, number, self.per_env, self.folders)
-            writer = TrajectoryWriter(Path(self.out) / folder, self.spec.id.replace("/", "_"),
-                                      baseline=self.spec.baseline, environment=f"mlgym_registry:{self.spec.backend}")
-            for message in _messages(frame, self.module.in_keys[0]):
-                (writer.system if message["role"] == "system" else writer.user)(message["content"])
-        return _Episode(EpisodeResult(self.spec), writer)
-
-    def results(self) -> list[EpisodeResult]:
-        """Every episode, finished ones first per worker then any cut short, in worker order."""
-        ordered = []
-        for worker in sorted(set(self.done) | set(self.current)):
-            ordered += self.done.get(worker, [])
-            if worker in self.current:
-                ordered.append(self.current[worker][1].result)
-        return ordered
-
-
 def episode_collector(
     spec: TaskSpec | str,
     policy: str,
@@ -258,53 +172,11 @@ def run_parallel(
     Each worker plays ``episodes_per_env`` episodes in a row. ``out`` gets ``env<i>/<task>.traj`` and
     ``env<i>/results.json`` per episode (``env<i>-<k>/`` with several episodes per env, or what ``folders`` names),
     saved at every step. Episode ``k`` of env ``i`` is seeded ``seed + k * num_envs + i``, as on Ray.
-    ``on_step(finished_episodes, steps_so_far)`` is called as steps arrive.
+    ``on_step(finished_episodes, steps_so_far)`` is called as steps arrive. Every step reaches the files; an episode
+    that was not fully received (its worker died or raised) fails as an ``infra_error``
+    (``process_episodes.run_process_episodes``, which this is).
     """
-    from .registry import registry
+    from .process_episodes import run_process_episodes
 
-    spec = registry.spec(spec)
-    parser = registry.component(spec, "parser")  # before any worker starts
-    collector, module = episode_collector(spec, policy, num_envs, seed=seed, options=options,
-                                          episodes_per_env=episodes_per_env)
-    receiver = _Receiver(spec, parser, module, out, episodes_per_env, folders)
-    try:
-        for batch in collector:
-            for frame in batch.reshape(-1).unbind(0):
-                receiver.receive(frame)
-                if on_step is not None:
-                    on_step(receiver.finished, receiver.steps)
-            if receiver.finished >= num_envs * episodes_per_env:
-                break
-    finally:
-        collector.shutdown()
-    return receiver.results()
-
-
-def _messages(td: TensorDictBase, key: Any) -> list[dict[str, str]]:
-    from .transforms.history import as_dicts
-
-    return as_dicts(td.get(key))
-
-
-def _turn(frame: TensorDictBase, index: int, parser: Any, module: TextPolicy) -> Turn:
-    """The ``Turn`` a collected frame holds."""
-    from .transforms.layout import get_layout
-
-    keys = get_layout(module.layout_name)
-    after = frame.get("next")
-    response = text_at(frame, keys.response)
-    thought, action, observation, format_error = parse_turn(parser, response, after, keys.observation)
-    info_text = text_at(after, INFO_KEY)
-    return Turn(
-        index=index,
-        response=response,
-        thought=thought,
-        action=action,
-        observation=observation,
-        reward=float(after.get(keys.reward).sum()),
-        done=bool(after.get("done").any()),
-        state=text_at(frame, keys.state),
-        execution_time=0.0,
-        format_error=format_error,
-        info=json.loads(info_text) if info_text else None,
-    )
+    return run_process_episodes(spec, policy, num_envs, out=out, seed=seed, on_step=on_step, options=options,
+                                episodes_per_env=episodes_per_env, folders=folders)

@@ -20,7 +20,6 @@ import contextlib
 import functools
 import multiprocessing
 import os
-import queue
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -153,6 +152,10 @@ class WorkerPool:
     "event", event)`` for each ``report(*event)`` a job makes, then ``(slot, "done", returned)`` or ``(slot, "error",
     text)`` when it ends. A worker that dies is found by ``dead()`` and replaced by ``restart``. ``target`` must be
     picklable (a module-level function): workers are forked from the fork server or spawned.
+
+    Each worker sends on a pipe of its own, and ``report`` returns once the message is in the pipe: nothing a worker
+    sent is ever dropped (a worker that sends faster than the owner reads waits), and a worker killed in the middle
+    of a message breaks its own pipe only, never the others' (a queue shared by all would stay locked).
     """
 
     def __init__(self, size: int, target: Callable[[Any, Report], Any]):
@@ -161,11 +164,13 @@ class WorkerPool:
             start_worker_server()
         self.context = multiprocessing.get_context(method)
         self.target = target
-        self.events = self.context.Queue()
         self.inboxes: list[Any] = []
+        self.outboxes: list[Any] = []
         self.processes: list[Any] = []
+        self._next = 0
         for slot in range(size):
             self.inboxes.append(None)
+            self.outboxes.append(None)
             self.processes.append(None)
             self.restart(slot)
 
@@ -175,23 +180,57 @@ class WorkerPool:
         return [process.pid for process in self.processes]
 
     def restart(self, slot: int) -> None:
-        """Start the worker of ``slot`` (again: a new process with a new inbox)."""
+        """Start the worker of ``slot`` (again: a new process with a new inbox and a new pipe)."""
+        if self.outboxes[slot] is not None:
+            self.outboxes[slot].close()
         inbox = self.context.Queue()
-        serve = WithParentEnviron(functools.partial(_serve, slot, inbox, self.events, self.target))
+        outbox, sender = self.context.Pipe(duplex=False)
+        serve = WithParentEnviron(functools.partial(_serve, slot, inbox, sender, self.target))
         process = self.context.Process(target=serve, name=f"mlgym-registry-worker-{slot}", daemon=True)
         process.start()
-        self.inboxes[slot], self.processes[slot] = inbox, process
+        sender.close()  # the worker holds the only writing end: its pipe ends when it does
+        self.inboxes[slot], self.outboxes[slot], self.processes[slot] = inbox, outbox, process
 
     def give(self, slot: int, job: Any) -> None:
         """Hand ``job`` to the (idle) worker of ``slot``."""
         self.inboxes[slot].put(job)
 
     def receive(self, timeout: float) -> tuple[int, str, Any] | None:
-        """The next message of any worker, or None when none came within ``timeout`` seconds."""
-        try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        """The next message of any worker, or None when none came within ``timeout`` seconds. Workers with
+        messages waiting are read in turn, so that none waits behind the others."""
+        from multiprocessing.connection import wait
+
+        deadline = time.monotonic() + timeout
+        while True:
+            open_ = [outbox for outbox in self.outboxes if outbox is not None]
+            if not open_:
+                time.sleep(max(0.0, min(timeout, deadline - time.monotonic())))
+                return None
+            ready = wait(open_, max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            slots = sorted(self.outboxes.index(outbox) for outbox in ready)
+            slot = next((slot for slot in slots if slot >= self._next), slots[0])
+            self._next = slot + 1
+            try:
+                return self.outboxes[slot].recv()
+            except Exception:  # noqa: BLE001 - the worker ended (or died mid-message): nothing more comes
+                self.outboxes[slot].close()
+                self.outboxes[slot] = None
+
+    def drain(self, slot: int, timeout: float = 1.0) -> list[tuple[int, str, Any]]:
+        """What the worker of ``slot``, which has ended, sent and was not read yet (waiting at most ``timeout``
+        seconds for each message: a process the worker started may hold its pipe open)."""
+        outbox, messages = self.outboxes[slot], []
+        while outbox is not None and outbox.poll(timeout):
+            try:
+                messages.append(outbox.recv())
+            except Exception:  # noqa: BLE001 - the end of the pipe, or a message cut short by the worker's death
+                break
+        if outbox is not None:
+            outbox.close()
+            self.outboxes[slot] = None
+        return messages
 
     def dead(self) -> list[tuple[int, int | None]]:
         """``(slot, exit code)`` of each worker that has ended."""
@@ -210,7 +249,7 @@ class WorkerPool:
         deadline = time.monotonic() + grace
         try:
             while any(process.is_alive() for process in self.processes) and time.monotonic() < deadline:
-                self.receive(0.1)  # a worker exits only once what it sent has been read
+                self.receive(0.1)  # a worker waiting for its message to be read would not exit
         except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM) while waiting: do not wait any longer
             pass
         for process in self.processes:
@@ -220,22 +259,27 @@ class WorkerPool:
         for inbox in self.inboxes:
             inbox.cancel_join_thread()
             inbox.close()
-        self.events.close()
+        for slot, outbox in enumerate(self.outboxes):
+            if outbox is not None:
+                outbox.close()
+                self.outboxes[slot] = None
 
 
-def _serve(slot: int, inbox: Any, events: Any, target: Callable[[Any, Report], Any]) -> None:
-    """A pool worker: run each job of ``inbox`` until it holds None; end quietly on SIGINT or SIGTERM."""
+def _serve(slot: int, inbox: Any, outbox: Any, target: Callable[[Any, Report], Any]) -> None:
+    """A pool worker: run each job of ``inbox`` until it holds None, sending what it reports on ``outbox``; end
+    quietly on SIGINT or SIGTERM."""
     _interrupt_once()
     try:
         while (job := inbox.get()) is not None:
             def report(*event: Any) -> None:
-                events.put((slot, "event", event))
+                outbox.send((slot, "event", event))
 
             try:
-                events.put((slot, "done", target(job, report)))
+                outcome = (slot, "done", target(job, report))
             except Exception as exc:  # the owner decides what a failed job means; the worker takes the next one
-                events.put((slot, "error", f"{type(exc).__name__}: {exc}"))
-    except KeyboardInterrupt:
+                outcome = (slot, "error", f"{type(exc).__name__}: {exc}")
+            outbox.send(outcome)
+    except (KeyboardInterrupt, BrokenPipeError):
         pass
 
 

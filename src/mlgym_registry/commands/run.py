@@ -1,8 +1,9 @@
 """``mlgym-registry run TASK``: play an episode with a policy, show it as it goes, and record it.
 
 The episode is written to ``OUT/<task>.traj`` and ``OUT/results.json`` in MLGym's formats after every step, so an
-interrupted run keeps every step it finished. ``--num-envs N`` plays N episodes at once in worker processes (through
-TorchRL's multi-process collector); each is written to ``OUT/env<i>/``.
+interrupted run keeps every step it finished. ``--num-envs N`` plays N episodes at once in worker processes, each
+written to ``OUT/env<i>/`` with every step it played; a run that lost any (an ``infra_error``) lists them and exits
+non-zero.
 
 ``OUT`` belongs to one run: a folder that already holds a run (a ``.traj``, ``results.json`` or
 ``replay-report.json``, at its top or in a sub-folder) is refused, and so is a folder another run is writing to right
@@ -201,26 +202,31 @@ def main(args: argparse.Namespace) -> int:
 
 
 def apply_recorded_settings(args: argparse.Namespace) -> None:
-    """For ``--policy replay:PATH`` of a run we recorded: what the command line leaves unset (seed, max steps,
-    components, backend and its options) as the run recorded them, so that the replay plays the run again."""
-    from ..provenance import recorded_components, recorded_run
+    """For ``--policy replay:PATH`` of a run we recorded: what the command line leaves unset of what a record may
+    choose (seed, max steps, components) as the run recorded it, so that the replay plays the run again.
+
+    The backend and its options stay the command line's and the task's (``record_trust``): a record that sets them
+    otherwise refuses the run (``RecordedSettingsRefused``) until the command line passes them again.
+    """
+    from ..record_trust import check_record, read_record
+    from ..registry import registry
+    from .replay import typed_settings
 
     kind, _, path = policy_text(args).partition(":")
-    record = recorded_run(path) if kind == "replay" and path else None
-    if record is None:
+    settings = read_record(path) if kind == "replay" and path else None
+    if settings is None:
         return
+    typed = typed_settings(args)  # before the record fills anything in
+    check_record(path, settings, registry.spec(args.task), typed)
+    for warning in settings.warnings:
+        print(f"mlgym-registry run: warning: {printable(warning)}", file=sys.stderr)
     if args.seed is None:
-        args.seed = record.get("seed")
+        args.seed = settings.seed
     if args.max_steps is None:
-        args.max_steps = record.get("max_steps")
-    components = recorded_components(record)
-    if args.backend is None:
-        args.backend = components.pop("backend", None)
-    for kind_, name in components.items():
+        args.max_steps = settings.max_steps
+    for kind_, name in settings.components.items():
         if getattr(args, kind_, None) is None:
             setattr(args, kind_, name)
-    recorded_options = [f"{key}={json.dumps(value)}" for key, value in (record.get("backend_options") or {}).items()]
-    args.backend_option = recorded_options + list(args.backend_option)  # the command line's come last and win
 
 
 def check_policy(text: str) -> None:
@@ -335,4 +341,22 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
     failed = sum(not result.finished or bool(result.failure) for result in results)
     if failed:
         print(f"{failed} of {len(results)} episodes did not end")
+    report_lost(results, per_env)
     return min(failed, MAX_FAILED_STATUS)
+
+
+def report_lost(results: list, per_env: int) -> None:
+    """Say on stderr which episodes the run's machinery lost (``infra_error``: a worker died or raised, steps never
+    arrived), so that a run that lost anything says so beside its non-zero exit status."""
+    from ..frame_receiver import is_infra_failure
+
+    lost = [(position, result) for position, result in enumerate(results) if is_infra_failure(result)]
+    if not lost:
+        return
+    print(f"mlgym-registry run: {len(lost)} of {len(results)} episodes were lost or cut short by the run itself, "
+          f"not by the agent (infra_error; their results.json say \"failed\", and they are not scored):",
+          file=sys.stderr)
+    for position, result in lost:
+        index, number = divmod(position, per_env)
+        label = f"env {index}" if per_env == 1 else f"env {index} episode {number}"
+        print(f"  {label}: {printable(result.failure)}", file=sys.stderr)
