@@ -123,20 +123,32 @@ def trajectory_blocks(trajectory: Trajectory) -> list[Block]:
 
 
 def message_blocks(messages: list[dict[str, str]], *, parser: Callable[[str], tuple[str, str]] | None) -> list[Block]:
-    """Message dicts as blocks; an assistant message is split into thought and action by ``parser`` when it can."""
+    """Message dicts as blocks; an assistant message is split into thought and action by ``parser`` when it can.
+
+    Whatever the parser does with a message (``FormatError``, a third party's ``RecursionError``, a value that is not
+    two strings), the message is shown: as plain text, titled with what went wrong."""
     blocks = []
     for message in messages:
         role, content = message["role"], message["content"]
         if role == "assistant" and parser is not None:
-            try:
-                thought, action = parser(content)
-            except FormatError:
-                blocks.append(Block("assistant (no action)", [("", content)]))
-                continue
-            blocks.append(Block(role, [("thought", thought), ("action", action)]))
+            blocks.append(_assistant_block(parser, content))
         else:
             blocks.append(Block(role, [("", content)]))
     return blocks
+
+
+def _assistant_block(parser: Callable[[str], tuple[str, str]], content: str) -> Block:
+    """``content`` split by ``parser`` into thought and action, or shown whole when the parser cannot split it."""
+    try:
+        value = parser(content)
+    except FormatError:
+        return Block("assistant (no action)", [("", content)])
+    except Exception as exc:  # noqa: BLE001 - a broken parser must not keep a conversation from being shown
+        return Block(f"assistant (shown as text: the parser raised {type(exc).__name__})", [("", content)])
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(part, str) for part in value)):
+        return Block("assistant (shown as text: the parser returned no (thought, action) pair)", [("", content)])
+    thought, action = value
+    return Block("assistant", [("thought", thought), ("action", action)])
 
 
 def _trajectory(source: Any) -> Trajectory | None:

@@ -15,7 +15,9 @@ registered it, the bad value and the contract. One exception: a parser that rais
 ``FormatError`` on a reply, but reads an ordinary reply, failed on that reply (a hostile one: nested 50,000 deep, a
 megabyte of openers): the reply is a format error (``ParserFailedOnReply``, a ``FormatError``: the chain retries and
 applies ``reward_wrong_format``, and the episode goes on), and a ``ParserFailedWarning`` carries the component's error
-for whoever runs the env. A parser that fails on an ordinary reply too is broken: its error fails the step. The
+for whoever runs the env. A parser that fails on an ordinary reply too is broken: its error fails the step. An action
+isolator is judged the same way: one that raises on a reply but turns an ordinary reply into an action makes that
+reply a format error (``IsolatorFailedOnReply``, with an ``IsolatorFailedWarning``). The
 checks cost a few isinstance calls per step (``bench/bench_output_checks.py`` measures them); ``ENABLED`` turns them
 off, for that benchmark only.
 """
@@ -156,31 +158,66 @@ class ParserFailedWarning(RuntimeWarning):
     format error. The message is the parser's ``ComponentRaisedError`` (kind, name, distribution, exception, fix)."""
 
 
-class ParserFailedOnReply(FormatError):
-    """The format error of a reply the parser raised on (not ``FormatError``): the message is for the model, the
-    parser's own error is ``component_error`` (a ``ComponentRaisedError``, with the exception as its ``cause``)."""
+class IsolatorFailedWarning(RuntimeWarning):
+    """An action isolator raised something else than ``FormatError`` on a reply; the reply was taken as a format
+    error. The message is the isolator's ``ComponentRaisedError`` (kind, name, distribution, exception, fix)."""
+
+
+class ComponentFailedOnReply(FormatError):
+    """The format error of a reply a component raised on (not ``FormatError``): the message is for the model, the
+    component's own error is ``component_error`` (a ``ComponentRaisedError``, with the exception as its ``cause``)."""
 
     def __init__(self, message: str, component_error: ComponentRaisedError):
         super().__init__(message)
         self.component_error = component_error
 
 
+class ParserFailedOnReply(ComponentFailedOnReply):
+    """The format error of a reply the parser raised on (see ``ComponentFailedOnReply``)."""
+
+
+class IsolatorFailedOnReply(ComponentFailedOnReply):
+    """The format error of a reply the action isolator raised on (see ``ComponentFailedOnReply``)."""
+
+
+_ON_REPLY: dict[str, tuple[type[ComponentFailedOnReply], type[RuntimeWarning], str]] = {
+    "parser": (ParserFailedOnReply, ParserFailedWarning, "The reply could not be read: the parser failed on it"),
+    "isolator": (IsolatorFailedOnReply, IsolatorFailedWarning,
+                 "The reply could not be used: the action isolator failed on it"),
+}
+
+
+def failed_on_reply(kind: str, task: Any, response: str, exc: Exception,
+                    handles_ordinary: Callable[[], bool]) -> ComponentRaisedError | ComponentFailedOnReply:
+    """What the chain raises for ``task``'s ``kind`` component (``"parser"`` or ``"isolator"``) that raised ``exc``
+    (not ``FormatError``) on ``response``: its ``ComponentRaisedError`` when ``handles_ordinary()`` says it cannot
+    handle an ordinary reply either (it is broken: the step fails), else the reply's format error
+    (``ParserFailedOnReply``, ``IsolatorFailedOnReply``) after a warning carrying that error."""
+    error = raised(kind, task, exc, during=f" on a reply of {len(response):,} characters")
+    if not handles_ordinary():
+        return error
+    failure, warning, told = _ON_REPLY[kind]
+    warnings.warn(f"{error}. The reply was taken as a format error (the episode goes on)", warning, stacklevel=3)
+    return failure(f"{told} ({type(exc).__name__}). Write a plain reply in the format asked for.", error)
+
+
 def parser_raised(task: Any, parser: Any, response: str, exc: Exception) -> ComponentRaisedError | ParserFailedOnReply:
     """What the chain raises for a parser that raised ``exc`` (not ``FormatError``) on ``response``: the parser's
     ``ComponentRaisedError`` when it cannot read an ordinary reply either (it is broken: the step fails), else a
     ``ParserFailedOnReply`` (the reply is a format error) after a ``ParserFailedWarning`` with that error."""
-    error = raised("parser", task, exc, during=f" on a reply of {len(response):,} characters")
-    if not reads_an_ordinary_reply(parser):
-        return error
-    warnings.warn(f"{error}. The reply was taken as a format error (the episode goes on)", ParserFailedWarning,
-                  stacklevel=2)
-    return ParserFailedOnReply(f"The reply could not be read: the parser failed on it ({type(exc).__name__}). Write "
-                               f"a plain reply in the format asked for.", error)
+    return failed_on_reply("parser", task, response, exc, lambda: reads_an_ordinary_reply(parser))
 
 
-def reads_an_ordinary_reply(parser: Any) -> bool:
-    """Whether ``parser`` gives a pair of strings for its own ``format_action("ls -a")`` or for one of
-    ``ORDINARY_REPLIES`` (whatever it raises on the others)."""
+def isolator_raised(task: Any, isolator: Any, parser: Any, response: str,
+                    exc: Exception) -> ComponentRaisedError | IsolatorFailedOnReply:
+    """What the chain raises for an isolator that raised ``exc`` (not ``FormatError``) on ``response``: the
+    isolator's ``ComponentRaisedError`` when it gives no action for an ordinary reply either (it is broken: the step
+    fails), else an ``IsolatorFailedOnReply`` (the reply is a format error) after an ``IsolatorFailedWarning``."""
+    return failed_on_reply("isolator", task, response, exc, lambda: isolates_an_ordinary_reply(isolator, parser))
+
+
+def ordinary_replies(parser: Any) -> list[str]:
+    """``ORDINARY_REPLIES``, after the parser's own ``format_action("ls -a")`` when it declares one that works."""
     replies = list(ORDINARY_REPLIES)
     try:
         own = parser.format_action("ls -a") if callable(getattr(parser, "format_action", None)) else None
@@ -188,7 +225,13 @@ def reads_an_ordinary_reply(parser: Any) -> bool:
         own = None
     if isinstance(own, str):
         replies.insert(0, own)
-    for reply in replies:
+    return replies
+
+
+def reads_an_ordinary_reply(parser: Any) -> bool:
+    """Whether ``parser`` gives a pair of strings for its own ``format_action("ls -a")`` or for one of
+    ``ORDINARY_REPLIES`` (whatever it raises on the others)."""
+    for reply in ordinary_replies(parser):
         try:
             value = parser(reply)
         except Exception:  # noqa: BLE001 - FormatError or not, this reply was not read
@@ -196,6 +239,17 @@ def reads_an_ordinary_reply(parser: Any) -> bool:
         if (type(value) is tuple or type(value) is list) and len(value) == 2 and all(isinstance(part, str)
                                                                                   for part in value):
             return True
+    return False
+
+
+def isolates_an_ordinary_reply(isolator: Any, parser: Any) -> bool:
+    """Whether ``isolator(reply, parser)`` gives an action (a string) for one of ``ordinary_replies(parser)``."""
+    for reply in ordinary_replies(parser):
+        try:
+            if isinstance(isolator(reply, parser), str):
+                return True
+        except Exception:  # noqa: BLE001 - FormatError or not, this reply gave no action
+            continue
     return False
 
 
@@ -232,10 +286,20 @@ def checked_parser(task: Any) -> Any:
 
 
 def call_isolator(task: Any, response: str, parser: Any) -> str:
-    """``task.isolator(response, parser)``, its exceptions but ``FormatError`` reported as the isolator's (a parser's
-    own, raised through it, stay the parser's), its output checked when checks are on."""
-    action = calling("isolator", task, task.isolator, response, parser)
-    return check_isolator_output(action, task) if ENABLED else action
+    """``task.isolator(response, parser)``, its output checked, when checks are on. What it raises but
+    ``FormatError`` is ``isolator_raised``'s: a format error of the reply when the isolator gives an action for an
+    ordinary reply (asked with ``task.parser`` itself, so that the probe warns of nothing), its
+    ``ComponentRaisedError`` (the step fails) when it does not. A parser's own error, raised through it, stays the
+    parser's."""
+    if not ENABLED:
+        return task.isolator(response, parser)
+    try:
+        action = task.isolator(response, parser)
+    except (FormatError, ComponentOutputError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever an isolator raises is judged by isolator_raised
+        raise isolator_raised(task, task.isolator, getattr(task, "parser", None) or parser, response, exc) from exc
+    return check_isolator_output(action, task)
 
 
 def check_isolator_output(value: Any, task: Any) -> str:

@@ -7,6 +7,7 @@ retry (and the optional penalty) on that error.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 
@@ -57,6 +58,7 @@ def guard_multiline_input(action: str, endings: Mapping[str, str] = MULTILINE_CO
         return action
     command = _command_pattern(endings)
     lines = action.split("\n")
+    terminators: TerminatorSearch | None = None  # made at the first command: most actions have none
     index = 0
     while index < len(lines):
         match = command.match(lines[index])
@@ -64,7 +66,8 @@ def guard_multiline_input(action: str, endings: Mapping[str, str] = MULTILINE_CO
             index += 1
             continue
         terminator = endings[match.group(1)]
-        end = _terminator_line(lines, index + 1, terminator)
+        terminators = terminators or TerminatorSearch(lines)
+        end = terminators.first(terminator, index + 1)
         if end is None:
             index += 1
             continue
@@ -91,6 +94,7 @@ def unterminated_command(
         return None
     command = _command_pattern(endings)
     lines = action.split("\n")
+    terminators: TerminatorSearch | None = None  # made at the first command: most actions have none
     index = 0
     while index < len(lines):
         match = command.match(lines[index])
@@ -98,7 +102,8 @@ def unterminated_command(
             index = _after_heredocs(lines, index)
             continue
         name = match.group(1)
-        end = _terminator_line(lines, index + 1, endings[name])
+        terminators = terminators or TerminatorSearch(lines)
+        end = terminators.first(endings[name], index + 1)
         if end is not None:
             index = end + 1
             continue
@@ -120,16 +125,44 @@ def _after_heredocs(lines: list[str], index: int) -> int:
 
 
 def _command_pattern(endings: Mapping[str, str]) -> re.Pattern[str]:
-    names = "|".join(re.escape(name) for name in sorted(endings, key=len, reverse=True))
-    return re.compile(rf"^\s*({names})(?=\s|$)")
+    return _names_pattern(tuple(endings))
 
 
-def _terminator_line(lines: list[str], start: int, terminator: str) -> int | None:
-    """The index of the first line from ``start`` that is the terminator (at column 0, trailing space allowed)."""
-    for index in range(start, len(lines)):
-        if lines[index].rstrip() == terminator:
-            return index
-    return None
+@functools.lru_cache(maxsize=64)
+def _names_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
+    """A line that starts with one of ``names`` (the longest first), after blank space."""
+    alternatives = "|".join(re.escape(name) for name in sorted(names, key=len, reverse=True))
+    return re.compile(rf"^\s*({alternatives})(?=\s|$)")
+
+
+class TerminatorSearch:
+    """Finds the terminator line of a multi-line command in ``lines``: a line that is the terminator at column 0,
+    trailing space allowed (``line.rstrip() == terminator``).
+
+    A search that finds nothing is remembered: no later search for that terminator from that line on reads a line
+    again. Searching the rest of the reply anew after every ``edit`` line made a reply of ``edit`` lines quadratic
+    (10^5 characters: seconds; a megabyte: minutes). With searches that go on after the line each one found (as
+    ``guard_multiline_input`` and ``unterminated_command`` do), every line is read at most once per terminator, and
+    an ordinary reply costs what a plain scan does.
+    """
+
+    __slots__ = ("_lines", "_missing")
+
+    def __init__(self, lines: list[str]):
+        self._lines = lines
+        self._missing: dict[str, int] = {}
+
+    def first(self, terminator: str, start: int) -> int | None:
+        """The index of the first terminator line ``terminator`` at or after ``start``, or None."""
+        missing = self._missing.get(terminator)
+        if missing is not None and start >= missing:
+            return None
+        lines = self._lines
+        for index in range(start, len(lines)):
+            if lines[index].rstrip() == terminator:
+                return index
+        self._missing[terminator] = start
+        return None
 
 
 def _has_heredoc(line: str, terminator: str) -> bool:

@@ -34,11 +34,14 @@ from .history import (
     example_conversation,
 )
 from .isolators import (
+    COMMAND_HOSTILE_REPLIES,
     EDIT_ACTION,
     EDIT_RESPONSE,
+    ISOLATOR_HOSTILE_REPLIES,
     NO_COMMAND_RESPONSES,
     RESPONSE_STYLES,
     check_isolator,
+    check_isolator_hostile,
     isolator_responses,
 )
 from .parsers import (
@@ -69,9 +72,11 @@ from .templates import (
 
 __all__ = [
     "KIT_CHECKS",
+    "COMMAND_HOSTILE_REPLIES",
     "EDIT_ACTION",
     "EDIT_RESPONSE",
     "HOSTILE_REPLIES",
+    "ISOLATOR_HOSTILE_REPLIES",
     "NO_COMMAND_RESPONSES",
     "RESPONSE_STYLES",
     "ODD_RESPONSES",
@@ -89,6 +94,7 @@ __all__ = [
     "check_component",
     "check_history_processor",
     "check_isolator",
+    "check_isolator_hostile",
     "check_parser",
     "check_parser_hostile",
     "check_plugin",

@@ -4,15 +4,19 @@
 
 from __future__ import annotations
 
-import gc
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FormatError
 from ..output_checks import ORDINARY_REPLIES
-from ._common import _fail, _name
+from ._common import GROWTH_MARGIN as GROWTH_MARGIN
+from ._common import LENGTHS as LENGTHS
+from ._common import MEGABYTE as MEGABYTE
+from ._common import MEGABYTE_FLOOR_S as MEGABYTE_FLOOR_S
+from ._common import MEGABYTE_SKIP_S as MEGABYTE_SKIP_S
+from ._common import REPEATS as REPEATS
+from ._common import TIME_FLOOR_S as TIME_FLOOR_S
+from ._common import HostileReply, _fail, _name, _text, check_linear_time
 
 WELL_FORMED_RESPONSES = ORDINARY_REPLIES
 """One response in each common style, all asking for ``ls -a``: a parser must understand at least one (the chain
@@ -96,27 +100,6 @@ def _parse(parser: Callable[[str], Any], response: str, what: str) -> tuple[str,
 
 
 # -- hostile replies ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class HostileReply:
-    """A family of hostile replies, one per length: ``prefix + unit * n + middle + closer * n + suffix``, with ``n``
-    as large as ``length`` allows (``make(length)``). ``megabyte``: also fed (and timed) at ``MEGABYTE`` characters,
-    unless the parser took more than ``MEGABYTE_SKIP_S`` at 10^5."""
-
-    name: str
-    unit: str
-    closer: str = ""
-    prefix: str = ""
-    middle: str = ""
-    suffix: str = ""
-    megabyte: bool = False
-
-    def make(self, length: int) -> str:
-        """The reply of this family about ``length`` characters long (at least one unit)."""
-        fixed = len(self.prefix) + len(self.middle) + len(self.suffix)
-        count = max(1, (length - fixed) // (len(self.unit) + len(self.closer)))
-        return self.prefix + self.unit * count + self.middle + self.closer * count + self.suffix
-
-
 _WRAPS = (
     ("", "", ""),
     (" in a fenced block", "DISCUSSION\nx\n```\n", "\n```\n"),
@@ -206,41 +189,6 @@ HOSTILE_REPLIES = _hostile_replies()
 code fences and of tags; runs of blank space, alone and after each opener; each opener repeated; NUL bytes; lone
 surrogates; digits past ``int``'s limit; megabyte replies; mixes of these."""
 
-LENGTHS = (100, 1_000, 10_000, 100_000)
-"""The lengths each hostile family is timed at; 10x apart."""
-
-MEGABYTE = 1_000_000
-"""The length after the last of ``LENGTHS`` for the families marked ``megabyte``, timed and judged (against
-``MEGABYTE_FLOOR_S``) unless the parser took more than ``MEGABYTE_SKIP_S`` at 10^5 characters. It is what catches a
-quadratic parser that is fast at 10^5 characters (a ``str.find`` restarted at every opener: 0.16 s there, 27x the
-time at 10^4 because ``str.find`` switches to a faster algorithm on long text; 16 s at a megabyte)."""
-
-MEGABYTE_SKIP_S = 0.5
-"""A family the parser took longer than this on at 10^5 characters is not fed a megabyte: even linear, that would
-take seconds per call (and the growth up to 10^5 characters was judged)."""
-
-GROWTH_MARGIN = 4.0
-"""How much more than linear the time may grow before it fails: 10x the input may take up to 40x the time (a
-loaded machine, caches; quadratic is 100x, cubic 1000x)."""
-
-TIME_FLOOR_S = 0.02
-"""Below this time on the longer reply the growth is not judged (timer noise and fixed costs dominate)."""
-
-MEGABYTE_FLOOR_S = 0.2
-"""The floor for the step from 10^5 characters to a megabyte, higher: a megabyte leaves the CPU's caches where 10^5
-characters fit, which alone can make 10x the text take 20x to 40x the time. A quadratic parser fast at 10^5
-characters (a ``str.find`` restarted at every opener: 50 ms) takes seconds at a megabyte."""
-
-REPEATS = 3
-"""A time is the best of this many calls (one when a call takes more than ``SLOW_CALL_S``)."""
-
-SLOW_CALL_S = 0.1
-
-_clock = time.thread_time if time.get_clock_info("thread_time").resolution <= 1e-6 else time.perf_counter
-"""What a call is timed with: the CPU time of this thread, which a machine loaded with other work does not inflate
-(wall-clock time there varies 10x between two runs of the same call); wall-clock time where the thread clock is coarse
-(Windows)."""
-
 
 def check_parser_hostile(parser: Callable[[str], Any], replies: tuple[HostileReply, ...] = HOSTILE_REPLIES) -> None:
     """Feed ``parser`` every family of ``replies`` at each of ``LENGTHS`` (and at ``MEGABYTE`` for the families marked
@@ -258,76 +206,30 @@ def check_parser_hostile(parser: Callable[[str], Any], replies: tuple[HostileRep
 
 
 def _check_family(parser: Callable[[str], Any], family: HostileReply, what: str) -> None:
-    shorter: tuple[str, float] | None = None
-    for length in LENGTHS:
-        text = family.make(length)
-        seconds = _best_time(parser, text, family, what, REPEATS)
-        if shorter is not None:
-            _judge_growth(parser, family, what, shorter, (text, seconds), TIME_FLOOR_S)
-        shorter = (text, seconds)
-    if not family.megabyte or shorter is None or shorter[1] > MEGABYTE_SKIP_S:
-        return
-    text = family.make(MEGABYTE)
-    _judge_growth(parser, family, what, shorter, (text, _best_time(parser, text, family, what, 1)), MEGABYTE_FLOOR_S)
+    def call(text: str, family: HostileReply) -> None:
+        _hostile_parse(parser, text, family, what)
+
+    check_linear_time(call, family, what, PARSER_MUST)
 
 
-def _judge_growth(parser: Callable[[str], Any], family: HostileReply, what: str, shorter: tuple[str, float],
-                  longer: tuple[str, float], floor: float) -> None:
-    (short_text, short_s), (long_text, long_s) = shorter, longer
-    if long_s < floor:
-        return
-    factor = len(long_text) / len(short_text)
-    allowed = factor * GROWTH_MARGIN
-    if long_s / max(short_s, 1e-9) <= allowed:
-        return
-    # measured again before failing: the best of more calls on the shorter reply, one more on the longer
-    short_s = min(short_s, _best_time(parser, short_text, family, what, 2 * REPEATS))
-    long_s = min(long_s, _best_time(parser, long_text, family, what, 1))
-    growth = long_s / max(short_s, 1e-9)
-    if long_s >= floor and growth > allowed:
-        _fail(what, f"took {long_s:.3g} s on a hostile reply of {len(long_text):,} characters ({family.name}) and "
-                    f"{short_s:.3g} s on one of {len(short_text):,}: {factor:.0f}x the reply took {growth:.0f}x the "
-                    f"time (at most {allowed:.0f}x passes); a parser must run in time linear in the reply. Look for "
-                    f"a regex with adjacent or nested quantifiers over the same characters (such as \\s*(.*?)\\s*, "
-                    f"which backtracks over blank space), a search that restarts at every opener, or text rebuilt "
-                    f"in a loop")
+PARSER_MUST = ("a parser must run in time linear in the reply. Look for a regex with adjacent or nested quantifiers "
+               "over the same characters (such as \\s*(.*?)\\s*, which backtracks over blank space), a search that "
+               "restarts at every opener, or text rebuilt in a loop")
+"""How a parser too slow on a hostile reply is told what to do."""
 
 
-def _best_time(parser: Callable[[str], Any], text: str, family: HostileReply, what: str, repeats: int) -> float:
-    best = _timed_call(parser, text, family, what)
-    for _ in range(repeats - 1):
-        if best > SLOW_CALL_S:
-            break
-        best = min(best, _timed_call(parser, text, family, what))
-    return best
-
-
-def _timed_call(parser: Callable[[str], Any], text: str, family: HostileReply, what: str) -> float:
-    """Seconds ``parser(text)`` took (garbage collector off); anything but a pair or ``FormatError`` fails."""
-    enabled = gc.isenabled()
-    gc.disable()
-    start = _clock()
+def _hostile_parse(parser: Callable[[str], Any], text: str, family: HostileReply, what: str) -> None:
+    """``parser(text)``; anything but a pair or ``FormatError`` fails the check."""
     try:
         result = parser(text)
     except FormatError:
-        result = None
+        return
     except Exception as exc:  # noqa: BLE001 - any other exception is exactly what the check reports
         _fail(what, f"raised {type(exc).__name__}: {_text(exc)} on a hostile reply ({family.name}, {len(text):,} "
                     f"characters); a parser must return (thought, action) or raise mlgym_registry.errors.FormatError "
                     f"on every reply, however deep, long or odd: measure nesting before recursing or decoding "
                     f"(mlgym_registry.bounded_json.loads reads JSON with a nesting bound; catch ValueError), and raise "
                     f"FormatError for a reply you cannot read")
-    finally:
-        elapsed = _clock() - start
-        if enabled:
-            gc.enable()
-    if result is not None and not (isinstance(result, tuple) and len(result) == 2
-                                   and all(isinstance(part, str) for part in result)):
+    if not (isinstance(result, tuple) and len(result) == 2 and all(isinstance(part, str) for part in result)):
         _fail(what, f"returned {type(result).__name__} for a hostile reply ({family.name}, {len(text):,} characters); "
                     f"it must return a (thought, action) tuple of two strings or raise FormatError")
-    return elapsed
-
-
-def _text(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -6,8 +6,9 @@ error text for the format-error message and adds the ``reward_wrong_format`` pen
 ``max_format_errors``-th format error in a row is not retried: as MLGym's agent does, the step sends the backend
 ``exit_format``, which ends the episode with an autosubmission (the penalty still applies). The parser's output (two
 strings) and the isolator's (a string) are checked on the way, and what either raises but ``FormatError`` is reported as
-that component's (``output_checks``: ``ComponentOutputError``), except a parser's error on a reply when the parser reads
-ordinary replies: that reply is a format error like any other (``output_checks.ParserFailedOnReply``).
+that component's (``output_checks``: ``ComponentOutputError``), except an error on a reply when the component handles
+ordinary replies: that reply is a format error like any other (``output_checks.ParserFailedOnReply``,
+``IsolatorFailedOnReply``), so one hostile reply does not end the episode.
 
 Whatever the isolator, the response it reads and the action it returns are valid text: a lone surrogate a tokenizer
 produced (``"\\ud800"``) cannot be encoded for the shell, so it is replaced before it reaches the backend.
