@@ -65,3 +65,39 @@ def test_evaluation_bench_quick_prints_each_ratio_with_its_target(capsys):
     else:
         assert "MLGYM_ROOT does not point at an MLGym checkout" in out
     assert "done in" in out
+
+
+DRIVERS_BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_env_drivers.py"
+
+
+def load_bench_file(path: Path):
+    """The bench script at ``path`` as a module (registered in ``sys.modules``, where its dataclasses look)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_env_drivers_bench_quick_prints_a_row_for_every_driver(capsys):
+    module = load_bench_file(DRIVERS_BENCH)
+    results = module.main(["--quick", "--widths", "1,2"])
+    out = capsys.readouterr().out
+
+    assert list(results) == list(module.DRIVERS)
+    assert all(sorted(cell.width for cell in cells) == [1, 2] for cells in results.values())
+    header = r"\| driven by +\| 1 env +\| 2 envs +\| best +\| MiB/env \(PSS\) +\| first turn +\| target \|"
+    assert re.search(header, out)
+    for driver, label in module.DRIVERS.items():
+        rows = [line for line in out.splitlines() if line.startswith(f"| {label} ")]
+        assert len(rows) == 1, (driver, out)
+        # N=1 in turns/s and N=2 as a ratio to it, or the reason there is no figure (reported, not raised)
+        assert re.match(rf"\| {re.escape(label)} +\| ([\d.]+ t/s|failed|skipped) +\| ([\d.]+x|failed|skipped|-) +\|",
+                        rows[0]), rows[0]
+        if driver in module.PROCESS_DRIVERS:
+            assert re.search(r"N=2 >= 1\.6x: (met|NOT met|n/a); N=32 within 10% of best: n/a; "
+                             r"<= 50 MiB/env at the largest N: (met|NOT met|n/a)", rows[0]), rows[0]
+        else:
+            assert rows[0].endswith("| - (reference) |")
+    assert "done in" in out
