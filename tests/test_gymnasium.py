@@ -107,6 +107,11 @@ def test_an_episode_of_text_actions_reaches_a_scored_validate_and_a_submit():
     assert info["format_error"] and info["action"] == "" and "could not be used" in observation
     assert not (terminated or truncated)
 
+    # the parser reads this reply, but the isolator refuses its unterminated insert: a format error all the same
+    observation, reward, terminated, truncated, info = env.step("DISCUSSION\nadd a line\n```\ninsert 3\nfoo\n```")
+    assert info["format_error"] and info["action"] == ""
+    assert "could not be used" in observation and not (terminated or truncated)
+
     observation, reward, terminated, truncated, info = env.step(VALIDATE)
     assert info["evaluation_status"] == "ok" and len(info["score"]) == 1 and "Evaluation Score" in observation
     baseline = registry.spec("prisonersDilemma").baseline["Score"]

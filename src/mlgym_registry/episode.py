@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .components.isolators import replace_lone_surrogates
 from .errors import ComponentOutputError, FormatError
-from .output_checks import checked_parser
+from .output_checks import call_isolator, checked_parser
 from .policies.base import Policy, PolicyExhausted
 from .specs import TaskSpec
 from .trajectories import Step, TrajectoryWriter, TurnTokens
@@ -164,17 +165,33 @@ def text_at(td: Any, key: Any) -> str:
     return "" if value is None else str(value)
 
 
-def parse_turn(parser: Callable[[str], tuple[str, str]], response: str, after: Any, observation_key: Any):
-    """``(thought, action, observation, format_error)`` of a stepped turn; a format error's message is shown, unless
-    the env sent ``exit_format`` for it instead of a retry: then the backend's observation is."""
+def parse_turn(task: Any, response: str, after: Any, observation_key: Any):
+    """``(thought, action, observation, format_error)`` of a stepped turn of ``task``; a format error's message is
+    shown, unless the env sent ``exit_format`` for it instead of a retry: then the backend's observation is.
+
+    A reply the parser reads but the isolator refuses (an ``edit`` that never ends) is a format error too: the env
+    flagged a retry for it, and the isolator's message is what the turn shows."""
+    retried = after.get("retry", None)
+    retry = retried is not None and bool(retried.any())
     try:
-        thought, action = parser(response)
+        thought, action = checked_parser(task)(response)
     except FormatError as exc:
-        retried = after.get("retry", None)
-        if retried is not None and not bool(retried.any()):
+        if retried is not None and not retry:
             return EXIT_FORMAT_THOUGHT, "exit_format", text_at(after, observation_key), True
         return response, "", str(exc), True
+    if retry:
+        return response, "", isolator_refusal(task, response), True
     return thought, action, text_at(after, observation_key), False
+
+
+def isolator_refusal(task: Any, response: str) -> str:
+    """What the isolator of ``task`` says of ``response`` when it refuses it (the chain keeps the message only for
+    the next prompt; asked again only for a reply it refused, so an ordinary turn isolates once)."""
+    try:
+        call_isolator(task, replace_lone_surrogates(response), checked_parser(task))
+    except FormatError as exc:
+        return str(exc)
+    return "the reply was refused by the action isolator"
 
 
 class EpisodePlayer:
@@ -266,7 +283,7 @@ class EpisodePlayer:
             raise
         elapsed = time.monotonic() - started
         after = td["next"]
-        thought, action, observation, format_error = parse_turn(checked_parser(self.base.task), response, after,
+        thought, action, observation, format_error = parse_turn(self.base.task, response, after,
                                                                 layout.observation)
         info = self._with_model_stats(self.base.last_info)
         if info is not None:

@@ -19,7 +19,6 @@ from gymnasium import spaces
 from .backends.protocol import EVALUATION_STATUS_KEY, EVALUATIONS_KEY, new_info
 from .episode import conversation, env_parts, parse_turn, text_at
 from .errors import InvalidOverrideError, MLGymRegistryError
-from .output_checks import checked_parser
 
 MAX_ACTION_CHARS = 1_000_000
 """The longest answer the action space admits (a model's answer is far shorter; longer ones are still stepped)."""
@@ -139,7 +138,7 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
         shown_before = len(self._whole_conversation())
         self._td.set(self.layout.response, action)
         after = self.chain.step(self._td)["next"]
-        thought, command, _, format_error = parse_turn(checked_parser(self.base.task), action, after,
+        thought, command, _, format_error = parse_turn(self.base.task, action, after,
                                                        self.layout.observation)
         info = self._step_info(thought, command, text_at(after, self.layout.observation), format_error)
         reward = float(after.get(self.layout.reward).sum())
