@@ -7,6 +7,7 @@ module creates the empty registry, and each worker loads its plugins when it fir
 
 from __future__ import annotations
 
+import gc
 import importlib
 
 MODULES = (
@@ -22,6 +23,7 @@ MODULES = (
     "mlgym_registry.transforms",
     "mlgym_registry.backends.local.backend",
     "mlgym_registry.policies.scripted",
+    "mlgym_registry.process_episodes",
 )
 """What the fork server imports, in this order."""
 
@@ -30,3 +32,8 @@ for _name in MODULES:
         importlib.import_module(_name)
     except Exception:  # noqa: BLE001 - the worker imports it again and reports the error there
         pass
+
+# Everything imported so far is shared with the workers, page for page, until a worker's garbage collector writes to
+# those objects' headers and so copies their pages: 28 MiB of private memory per worker after 20 turns, 125 MiB after
+# 50. Frozen objects are never collected, so the pages stay shared (42 MiB after 50 turns).
+gc.freeze()
