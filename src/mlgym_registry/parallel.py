@@ -18,23 +18,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from .env_factory import INFO_KEY, WORKER_KEY, EnvFactory  # noqa: F401 - part of this module's interface
-from .episode import EpisodeResult
-from .episode_folders import FolderName
 from .policies.base import PolicyError
+from .process_episodes import run_process_episodes
 from .specs import TaskSpec
 
 STATS_KEY = "policy_stats"
+"""Where ``TextPolicy`` puts its policy's usage so far (``Policy.stats()``, as JSON text; '' when it keeps none)."""
 CALL_STATS_KEY = "_last_call"
 """Where ``TextPolicy`` puts the step's model call (``Policy.last_call``) inside the usage it sends."""
-"""Where ``TextPolicy`` puts its policy's usage so far (``Policy.stats()``, as JSON text; '' when it keeps none)."""
 
 POLICY_ERROR_KEY = "policy_error"
 """Where ``TextPolicy`` puts why its policy gave up on an episode ('' when it did not)."""
@@ -155,28 +152,6 @@ def episode_collector(
     return collector, module
 
 
-def run_parallel(
-    spec: TaskSpec | str,
-    policy: str,
-    num_envs: int,
-    *,
-    out: Path | None = None,
-    seed: int | None = None,
-    on_step: Callable[[int, int], None] | None = None,
-    options: dict[str, Any] | None = None,
-    episodes_per_env: int = 1,
-    folders: FolderName | None = None,
-) -> list[EpisodeResult]:
-    """Play ``num_envs`` episodes at once, one env per worker process, and return their results in worker order.
-
-    Each worker plays ``episodes_per_env`` episodes in a row. ``out`` gets ``env<i>/<task>.traj`` and
-    ``env<i>/results.json`` per episode (``env<i>-<k>/`` with several episodes per env, or what ``folders`` names),
-    saved at every step. Episode ``k`` of env ``i`` is seeded ``seed + k * num_envs + i``, as on Ray.
-    ``on_step(finished_episodes, steps_so_far)`` is called as steps arrive. Every step reaches the files; an episode
-    that was not fully received (its worker died or raised) fails as an ``infra_error``
-    (``process_episodes.run_process_episodes``, which this is).
-    """
-    from .process_episodes import run_process_episodes
-
-    return run_process_episodes(spec, policy, num_envs, out=out, seed=seed, on_step=on_step, options=options,
-                                episodes_per_env=episodes_per_env, folders=folders)
+run_parallel = run_process_episodes
+"""Play ``num_envs`` episodes at once, one env per worker process, every step recorded
+(``process_episodes.run_process_episodes``, under the name this module has always given it)."""

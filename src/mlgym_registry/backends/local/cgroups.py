@@ -34,6 +34,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from .limits import pid_alive
+
 AGENT, SPARE, EVAL = "agent", "spare", "eval"
 PARTS = (AGENT, SPARE, EVAL)
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -320,21 +322,11 @@ def _sweep_empty(parent: Path) -> None:
     """Remove the empty env cgroups of processes that died before they could (the others may be a live env's of
     another PID namespace: never touched)."""
     try:
-        stale = [p for p in parent.glob(f"{PREFIX}*-*") if not _pid_alive(p.name[len(PREFIX):].split("-")[0])]
+        stale = [p for p in parent.glob(f"{PREFIX}*-*") if not pid_alive(p.name[len(PREFIX):].split("-")[0])]
     except OSError:
         return
     for root in stale:
         _rmtree(root)
-
-
-def _pid_alive(text: str) -> bool:
-    try:
-        os.kill(int(text), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _pressure_total(path: Path, kind: str) -> int | None:
