@@ -8,6 +8,7 @@ import pickle
 import traceback
 
 import pytest
+from conftest import run_python
 
 from mlgym_registry import TaskSpec, registry
 from mlgym_registry.parallel import INFO_KEY, WORKER_KEY, EnvFactory, TextPolicy, run_parallel
@@ -206,3 +207,28 @@ def test_an_idle_worker_pauses_before_forfeiting():
         assert td["text", "response"] == IDLE_RESPONSE
     finally:
         env.close()
+
+
+def test_a_worker_interrupted_inside_a_finalizer_is_interrupted_in_its_job():
+    """A Ctrl-C landing while an env's ``__del__`` runs raises there, where Python only prints it ("Exception ignored
+    in ... __del__") and goes on: a worker takes it up again in its job instead, and prints nothing."""
+    done = run_python("""
+        import signal, time
+        from mlgym_registry.workers import _interrupt_once
+
+        _interrupt_once()
+
+        class Env:
+            def __del__(self):
+                signal.raise_signal(signal.SIGINT)
+                time.sleep(0.05)
+
+        try:
+            Env()
+            time.sleep(5)
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted in the job")
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted in the job" and "Traceback" not in done.stderr, done.stderr

@@ -21,6 +21,8 @@ import functools
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -292,5 +294,18 @@ def _interrupt_once() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
 
+    default_hook = sys.unraisablehook
+
+    def interrupted_in_a_finalizer(unraisable: Any) -> None:
+        # a signal landing while a finalizer (an env's ``__del__``) runs raises there, where Python can only print
+        # it and go on: arm the handler again and deliver the signal anew, once the finalizer is over, to the job
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            signal.signal(signal.SIGINT, stop)
+            signal.signal(signal.SIGTERM, stop)
+            threading.Timer(0.01, signal.raise_signal, (signal.SIGINT,)).start()
+            return
+        default_hook(unraisable)
+
+    sys.unraisablehook = interrupted_in_a_finalizer
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)

@@ -250,6 +250,12 @@ def test_one_env_over_its_quota_does_not_fail_another_envs_evaluation(make, tmp_
     assert state == "ok" and scores[-1] == honest, obs
 
 
+def shell_answers(env) -> bool:
+    """Whether the env's shell still runs commands. Its answer may carry the guard's note once more: under load a
+    write in flight when the guard stopped the writer can land after it, and the guard then stops what is left."""
+    return status(env, "echo still here")[0].splitlines()[0] == "still here"
+
+
 def test_a_command_writing_past_the_quota_is_stopped_while_it_runs(make):
     """Not only at the next evaluation: the disk guard stops the writer within a second or so of its going over."""
     env = make(max_disk_mb=32, max_file_mb=8, command_timeout=60)
@@ -258,7 +264,7 @@ def test_a_command_writing_past_the_quota_is_stopped_while_it_runs(make):
     assert "disk quota of 32 MB" in obs and "finished" not in obs, obs
     written = sum(path.stat().st_size for path in env.host_workspace.glob("f*.bin")) >> 20
     assert 32 <= written < 120, written  # of the 160 MB it meant to write
-    assert status(env, "echo still here")[0] == "still here"  # the shell itself was spared
+    assert shell_answers(env)  # the shell itself was spared
 
 
 def test_a_background_writer_past_the_quota_is_stopped_too(make):
@@ -268,7 +274,7 @@ def test_a_background_writer_past_the_quota_is_stopped_too(make):
     assert "disk quota of 32 MB" in obs, obs
     time.sleep(1)
     assert 32 <= sum(path.stat().st_size for path in env.host_workspace.glob("bg*.bin")) >> 20 < 120
-    assert status(env, "echo still here")[0] == "still here"
+    assert shell_answers(env)
     assert validate_outcome(env)[1] == "invalid_submission"  # still over: its files stay until it deletes them
 
 
