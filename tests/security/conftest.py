@@ -6,10 +6,11 @@ import os
 
 import pytest
 
+from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.local import sandbox as sandbox_mod
 from mlgym_registry.specs import TaskSpec
 
-from .helpers import SECRET_VARIABLES, mini_prisoners_spec
+from .helpers import SECRET_VARIABLES, mini_prisoners_spec, open_backend
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,3 +41,19 @@ def require_sandbox():
 def mini_spec(tmp_path_factory) -> TaskSpec:
     """``miniPrisonersDilemma`` (see ``helpers.mini_prisoners_spec``)."""
     return mini_prisoners_spec(tmp_path_factory.mktemp("mini_pd"))
+
+
+@pytest.fixture
+def make(mini_spec):
+    """``make(spec=None, **options)``: a sandboxed backend (of miniPrisonersDilemma unless ``spec`` says otherwise),
+    closed after the test."""
+    made: list[LocalBackend] = []
+
+    def factory(spec: TaskSpec | None = None, **options) -> LocalBackend:
+        env = open_backend(spec or mini_spec, **options)
+        made.append(env)
+        return env
+
+    yield factory
+    for env in made:
+        env.close()

@@ -22,7 +22,7 @@ from mlgym_registry import registry
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.local.resources import OWNER_FILE, ROOT_PREFIX
 
-from .helpers import HONEST, open_backend, run, status, validate, write_file
+from .helpers import HONEST, run, status, validate, write_file
 
 pytestmark = pytest.mark.security
 
@@ -31,20 +31,6 @@ DEEP = 3000
 
 MAKE_DEEP = f"python -c \"import os\nfor _ in range({DEEP}): os.mkdir('d'); os.chdir('d')\""
 
-
-@pytest.fixture
-def make(mini_spec):
-    """``make(**options)``: a sandboxed backend of miniPrisonersDilemma, closed after the test."""
-    made: list[LocalBackend] = []
-
-    def factory(spec=None, **options) -> LocalBackend:
-        env = open_backend(spec or mini_spec, **options)
-        made.append(env)
-        return env
-
-    yield factory
-    for env in made:
-        env.close()
 
 
 def timed_step(env: LocalBackend, action: str) -> tuple[str, dict, float]:

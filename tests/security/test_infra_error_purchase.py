@@ -28,7 +28,7 @@ import mlgym_registry
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.components.rewards import failure_reward, step_outcome
 
-from .helpers import HONEST, open_backend, status, write_file
+from .helpers import HONEST, status, write_file
 
 pytestmark = pytest.mark.security
 
@@ -47,20 +47,6 @@ LOCKS = {
                    "ln -s strategy.py strategy.py", "failed"),
 }
 
-
-@pytest.fixture
-def make(mini_spec):
-    """``make(**options)``: a sandboxed backend of miniPrisonersDilemma, closed after the test."""
-    made: list[LocalBackend] = []
-
-    def factory(**options) -> LocalBackend:
-        env = open_backend(mini_spec, **options)
-        made.append(env)
-        return env
-
-    yield factory
-    for env in made:
-        env.close()
 
 
 def validate_outcome(env: LocalBackend) -> tuple[str, str, str, list]:

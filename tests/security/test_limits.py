@@ -12,24 +12,10 @@ import pytest
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.local import limits as limits_mod
 
-from .helpers import open_backend, run, status
+from .helpers import run, status
 
 pytestmark = pytest.mark.security
 
-
-@pytest.fixture
-def make(mini_spec):
-    """``make(**options)``: a sandboxed backend of miniPrisonersDilemma, closed after the test."""
-    made: list[LocalBackend] = []
-
-    def factory(**options) -> LocalBackend:
-        env = open_backend(mini_spec, **options)
-        made.append(env)
-        return env
-
-    yield factory
-    for env in made:
-        env.close()
 
 
 def assert_usable(env: LocalBackend) -> None:
