@@ -75,6 +75,23 @@ def wait_for_child(env: LocalBackend, name: str, within: float = 30) -> psutil.P
         time.sleep(0.05)
 
 
+def wait_for_member(env: LocalBackend, name: str, within: float = 30) -> list[int]:
+    """The processes called ``name`` in ``env``'s agent cgroup (they may still be starting)."""
+    deadline = time.monotonic() + within
+    while True:
+        found = []
+        for pid in env._res.envelope.members(cgroups.AGENT):
+            try:
+                if psutil.Process(pid).name() == name:
+                    found.append(pid)
+            except psutil.NoSuchProcess:
+                continue
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"no {name} process in the agent's cgroup"
+        time.sleep(0.05)
+
+
 def cgroup_paths(pid: int) -> dict[str, str]:
     """The cgroup of ``pid`` per hierarchy (``"cpu"``, ``"pids"``, ..., ``""`` for the unified one), as the host
     sees it."""
@@ -203,6 +220,27 @@ def test_processes_cannot_leave_their_cgroup(mini_spec, tmp_path):
         expected = own_paths(env)
         paths = cgroup_paths(sleeper.pid)
         assert {name: paths.get(name) for name in expected} == expected, paths
+    finally:
+        env.close()
+
+
+def test_a_process_that_left_the_shell_is_killed_at_reset(mini_spec, tmp_path):
+    """Unsandboxed, no PID namespace ends the shell's processes with it: a double-forked ``setsid`` sleeper outlives
+    the shell, and only its cgroup still holds it. The reset kills it without waiting for it to exit, so it is
+    given a moment to be reaped."""
+    env = LocalBackend(mini_spec, sandbox="none", workspace_dir=str(tmp_path), seed=SEED)
+    try:
+        env.reset()
+        if env._res.envelope is None:
+            pytest.skip(f"no cgroups on this host: {env.notes}")
+        output, _ = status(env, "(setsid sleep 300 >/dev/null 2>&1 &) ; echo started")
+        assert "started" in output, output
+        sleepers = wait_for_member(env, "sleep")
+        env.reset()
+        deadline = time.monotonic() + 10
+        while not gone(sleepers) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gone(sleepers), sleepers
     finally:
         env.close()
 

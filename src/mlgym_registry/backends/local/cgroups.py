@@ -191,10 +191,15 @@ class Envelope:
             cpu = _number(self.roots["cpuacct"] / name / "cpuacct.usage") / 1e9
         return Usage(cpu, pressure, waits)
 
-    def kill(self, part: str, within: float = 2.0, *, everywhere: bool = False) -> bool:
+    def kill(self, part: str, within: float = 2.0, *, everywhere: bool = False, until_gone: bool = True) -> bool:
         """Kill every process of ``part`` (all at once through v2's ``cgroup.kill`` where there is one, else one by
         one until none is left); True when none is left. ``everywhere``: look in every hierarchy even when the
-        unified one says the part is empty (a process that could not join it may be in the others)."""
+        unified one says the part is empty (a process that could not join it may be in the others).
+
+        ``until_gone=False`` returns as soon as every process listed has been sent SIGKILL and a fresh reading shows
+        no new one, without waiting for the killed ones to exit: SIGKILL cannot be caught, and what is still dying
+        cannot start anything. A reset takes this path, since waiting for the old shell's processes to leave the
+        folder cost it milliseconds; removing the folders (``remove``) waits, as an empty folder is what it needs."""
         name = self.roles[part]
         unified = self.roots.get("unified")
         if unified is not None:
@@ -203,16 +208,19 @@ class Envelope:
             with contextlib.suppress(OSError):
                 (unified / name / "cgroup.kill").write_text("1")
         deadline = time.monotonic() + within
+        signalled: set[int] = set()
         while True:
             members = self.members_of(name)
-            if not members:
+            if not members or (not until_gone and members <= signalled):
                 return True
             if time.monotonic() > deadline:
                 return False
             for pid in members:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.005)
+            signalled |= members
+            if until_gone:
+                time.sleep(0.005)
 
     def remove(self) -> None:
         """Kill what is left in the env's cgroups and delete them."""

@@ -236,7 +236,7 @@ class Resources:
             self.session.kill()
             self.session = None
             if self.envelope is not None:
-                self.envelope.kill(cgroups.AGENT)
+                self.envelope.kill(cgroups.AGENT, until_gone=False)
 
     def stop_warm(self) -> None:
         """Kill the next episode's shell, started ahead."""
