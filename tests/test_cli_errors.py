@@ -70,9 +70,9 @@ def test_out_of_range_numbers_are_usage_errors(tmp_path, args, message):
 @pytest.mark.parametrize(("option", "message"), [
     ("xyzzy=1", "unknown backend option(s) 'xyzzy' for backend 'local'; it takes: "),
     ("command_timout=5", "unknown backend option(s) 'command_timout' (did you mean 'command_timeout'?)"),
-    ("command_timeout=abc", "command_timeout must be a number > 0, got 'abc' (str)"),
-    ("long_timeout=0", "long_timeout must be a number > 0 or None, got 0 (int)"),
-    ("network=1", "network must be a bool (True or False), got 1 (int)"),
+    ("command_timeout=abc", "command_timeout (an option of backend 'local') must be a number > 0, got 'abc' (str)"),
+    ("long_timeout=0", "long_timeout (an option of backend 'local') must be a number > 0 or None, got 0 (int)"),
+    ("network=1", "network (an option of backend 'local') must be a bool (True or False), got 1 (int)"),
     ("no-equals-sign", "-o 'no-equals-sign': a backend option must look like KEY=VALUE"),
 ])
 def test_bad_backend_options_are_refused_before_the_out_folder_is_made(tmp_path, option, message):

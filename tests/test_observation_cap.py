@@ -8,8 +8,8 @@ import pytest
 
 from mlgym_registry import registry
 from mlgym_registry.chain import MAX_OBSERVATION_CHARS
+from mlgym_registry.options import InvalidOptionError
 from mlgym_registry.transforms.state_to_message import cap_observation
-from mlgym_registry.validation import InvalidOptionError
 
 # 100,000 characters: 'A', then 99,998 'x', then 'Z' (the backend's own cap is 100,000 characters per output)
 HUGE = "python -c \"print('A' + 'x' * 99998 + 'Z')\""

@@ -118,7 +118,7 @@ def test_run_parallel_plays_each_env_to_the_end(tmp_path):
 
 def test_run_episodes_refuses_an_unknown_engine_and_ray_options_without_ray():
     from mlgym_registry.episode_runs import run_episodes
-    from mlgym_registry.validation import InvalidOptionError
+    from mlgym_registry.options import InvalidOptionError
 
     with pytest.raises(InvalidOptionError, match="engine='threads' is not one of process, ray"):
         run_episodes("blotto", "scripted", 2, engine="threads")
@@ -181,7 +181,7 @@ def test_warm_workers_fork_from_the_server_with_this_process_environment(monkeyp
 
 
 def test_a_start_method_other_than_forkserver_or_spawn_is_refused(monkeypatch):
-    from mlgym_registry.validation import InvalidOptionError
+    from mlgym_registry.options import InvalidOptionError
     from mlgym_registry.workers import warm_workers, worker_start_method
 
     monkeypatch.setenv("MLGYM_REGISTRY_WORKER_START", "spawn")

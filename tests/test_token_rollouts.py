@@ -19,12 +19,12 @@ from torchrl.modules.llm import TransformersWrapper
 
 from mlgym_registry import EnvMisuseError, TaskSpec, registry
 from mlgym_registry.episode import run_episode
+from mlgym_registry.options import InvalidOptionError
 from mlgym_registry.policies.transformers import TransformersPolicy
 from mlgym_registry.tiny_model import save_tiny_checkpoint, tiny_model, tiny_tokenizer
 from mlgym_registry.trajectories import TrajectoryWriter, load_traj
 from mlgym_registry.transforms.context_policy import outcome_of
 from mlgym_registry.transforms.tokens import TemplateNotPrefixPreserving
-from mlgym_registry.validation import InvalidOptionError
 
 SPEC = TaskSpec(id="tokenTask", description="Improve the strategy.", baseline_scores=[{"Score": 1.0}], max_steps=30)
 COMMAND = "DISCUSSION\nLook around.\n```\nls\n```"

@@ -15,9 +15,9 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.envs.utils import check_env_specs
 
 from mlgym_registry import EnvMisuseError, PolicyOutputError, TaskSpec, registry
+from mlgym_registry.options import InvalidOptionError
 from mlgym_registry.tiny_model import tiny_model, tiny_tokenizer
 from mlgym_registry.transforms.layout import LAYOUTS
-from mlgym_registry.validation import InvalidOptionError
 
 SPEC = TaskSpec(id="shapeTask", description="Improve the strategy.", baseline_scores=[{"Score": 1.0}], max_steps=30)
 OTHER = SPEC.replace(id="otherShapeTask", description="Another task.")

@@ -3,32 +3,37 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
-from mlgym_registry import InvalidOverrideError, registry
+from mlgym_registry import InvalidOverrideError, hookimpl, registry
+from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.episode import run_episode
+from mlgym_registry.options import InvalidOptionError, UnknownOptionError, positive_number
 from mlgym_registry.policies import make_policy
-from mlgym_registry.validation import InvalidOptionError, UnknownOptionError
+
+LOCAL = " (an option of backend 'local')"
+"""How an error names an option the local backend owns."""
 
 BAD_OPTIONS = [
     ({"max_steps": "5"}, "max_steps must be an integer >= 1, got '5' (str)"),
     ({"max_steps": 0}, "max_steps must be an integer >= 1, got 0 (int)"),
     ({"max_steps": True}, "max_steps must be an integer >= 1, got True (bool)"),
-    ({"command_timeout": "abc"}, "command_timeout must be a number > 0, got 'abc' (str)"),
-    ({"command_timeout": -1}, "command_timeout must be a number > 0, got -1 (int)"),
-    ({"command_timeout": math.nan}, "command_timeout must be a number > 0, got nan (float)"),
-    ({"long_timeout": 0}, "long_timeout must be a number > 0 or None, got 0 (int)"),
-    ({"memory_limit_mb": 0}, "memory_limit_mb must be an integer >= 1 or None, got 0 (int)"),
-    ({"cpu_seconds": 1.5}, "cpu_seconds must be an integer >= 1 or None, got 1.5 (float)"),
-    ({"max_processes": -3}, "max_processes must be an integer >= 1 or None, got -3 (int)"),
-    ({"max_output_chars": None}, "max_output_chars must be an integer >= 1, got None (NoneType)"),
-    ({"seed": -1}, "seed must be an integer >= 0 or None, got -1 (int)"),
-    ({"seed": "1"}, "seed must be an integer >= 0 or None, got '1' (str)"),
-    ({"network": "yes"}, "network must be a bool (True or False), got 'yes' (str)"),
-    ({"network": 1}, "network must be a bool (True or False), got 1 (int)"),
-    ({"reward_wrong_format": "-1"}, "reward_wrong_format must be a number or None, got '-1' (str)"),
-    ({"backend_options": {"command_timeout": 0}}, "command_timeout must be a number > 0, got 0 (int)"),
+    ({"command_timeout": "abc"}, f"command_timeout{LOCAL} must be a number > 0, got 'abc' (str)"),
+    ({"command_timeout": -1}, f"command_timeout{LOCAL} must be a number > 0, got -1 (int)"),
+    ({"command_timeout": math.nan}, f"command_timeout{LOCAL} must be a number > 0, got nan (float)"),
+    ({"long_timeout": 0}, f"long_timeout{LOCAL} must be a number > 0 or None, got 0 (int)"),
+    ({"memory_limit_mb": 0}, f"memory_limit_mb{LOCAL} must be an integer >= 1 or None, got 0 (int)"),
+    ({"cpu_seconds": 1.5}, f"cpu_seconds{LOCAL} must be an integer >= 1 or None, got 1.5 (float)"),
+    ({"max_processes": -3}, f"max_processes{LOCAL} must be an integer >= 1 or None, got -3 (int)"),
+    ({"max_output_chars": None}, f"max_output_chars{LOCAL} must be an integer >= 1, got None (NoneType)"),
+    ({"seed": -1}, f"seed{LOCAL} must be an integer >= 0 or None, got -1 (int)"),
+    ({"seed": "1"}, f"seed{LOCAL} must be an integer >= 0 or None, got '1' (str)"),
+    ({"network": "yes"}, f"network{LOCAL} must be a bool (True or False), got 'yes' (str)"),
+    ({"network": 1}, f"network{LOCAL} must be a bool (True or False), got 1 (int)"),
+    ({"reward_wrong_format": "-1"}, "reward_wrong_format (a chain option) must be a number or None, got '-1' (str)"),
+    ({"backend_options": {"command_timeout": 0}}, f"command_timeout{LOCAL} must be a number > 0, got 0 (int)"),
     ({"backend_options": ["command_timeout"]},
      "backend_options must be a dict of option names to values, got ['command_timeout'] (list)"),
 ]
@@ -66,7 +71,7 @@ def test_an_unknown_backend_option_is_refused_with_a_suggestion():
 
 def test_options_in_the_spec_are_checked_too():
     spec = registry.spec("prisonersDilemma")
-    with pytest.raises(InvalidOptionError, match=r"^long_timeout must be a number > 0 or None, got -5 \(int\)$"):
+    with pytest.raises(InvalidOptionError, match="^" + re.escape(f"long_timeout{LOCAL} must be a number > 0 or None")):
         registry.make(spec.replace(backend_options={"long_timeout": -5}))
     with pytest.raises(InvalidOptionError, match=r"^max_steps must be an integer >= 1, got 0 \(int\)$"):
         registry.make(spec.replace(max_steps=0))
@@ -83,11 +88,13 @@ def test_a_refused_make_builds_nothing_and_changes_nothing():
         made.append(spec)
         raise AssertionError("the backend must not be made")
 
+    counting_backend.option_rules = {"command_timeout": positive_number()}
     registry.register("backend", "counting", counting_backend)
     try:
         before = registry.spec("prisonersDilemma").to_dict()
         names = {kind: registry.names(kind) for kind in ("task", "backend", "parser")}
-        with pytest.raises(InvalidOptionError, match="command_timeout must be a number > 0"):
+        with pytest.raises(InvalidOptionError,
+                           match=r"^command_timeout \(an option of backend 'counting'\) must be a number > 0"):
             registry.make("prisonersDilemma", backend="counting", command_timeout=0)
         with pytest.raises(UnknownOptionError, match="for backend 'counting'; it takes: command_timeout$"):
             registry.make("prisonersDilemma", backend="counting", backend_options={"long_timeout": 5})
@@ -96,6 +103,42 @@ def test_a_refused_make_builds_nothing_and_changes_nothing():
         assert {kind: registry.names(kind) for kind in names} == names
     finally:
         registry.unregister("backend", "counting")
+
+
+class ContainerBackend(LocalBackend):
+    """A third party's backend whose options share names with the local backend's but not their rules: a container
+    engine for ``sandbox`` and memory in GiB fractions. It records what it got and runs on the local backend."""
+
+    received: list[dict] = []
+
+    def __init__(self, spec, *, sandbox: str = "docker", memory_limit_mb: float = 0.5, seed: str | None = None):
+        type(self).received.append({"sandbox": sandbox, "memory_limit_mb": memory_limit_mb, "seed": seed})
+        super().__init__(spec)
+
+
+class ContainerPlugin:
+    @hookimpl
+    def register_backends(self, register):
+        register("containers", ContainerBackend, description="a test's third-party backend")
+
+
+def test_a_third_party_backend_owns_its_options_even_when_they_share_our_names():
+    ContainerBackend.received.clear()
+    ContainerBackend.option_rules = {}  # the local backend's rules are not its own
+    registry.add_plugin(ContainerPlugin(), name="containers-plugin", distribution="mlgym-registry-containers")
+    try:
+        env = registry.make("prisonersDilemma", backend="containers", sandbox="docker", memory_limit_mb=0.5,
+                            seed="abc")
+        try:
+            env.reset()
+        finally:
+            env.close()
+        assert ContainerBackend.received == [{"sandbox": "docker", "memory_limit_mb": 0.5, "seed": "abc"}]
+        # the local backend still refuses those values, by its own rules
+        with pytest.raises(InvalidOptionError, match=r"^sandbox \(an option of backend 'local'\) must be"):
+            registry.make("prisonersDilemma", sandbox="docker")
+    finally:
+        registry.remove_plugin("containers-plugin")
 
 
 def test_run_episode_refuses_a_bad_seed_before_touching_the_env():

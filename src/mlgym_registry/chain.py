@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .episode_rules import MAX_FORMAT_ERRORS
+from .options import Rule, check_options, instance_of, integer_at_least, is_integer, is_number, one_of
 from .specs import ResolvedTask
-from .validation import check_option
 
 MAX_OBSERVATION_CHARS = 16_000
 """The default cap on the characters of one observation in the user message (``max_observation_chars``)."""
@@ -39,6 +39,44 @@ CHAIN_OPTIONS = (
     "max_observation_chars",
 )
 """The keyword options ``build_env`` (and so ``registry.make``) takes for the chain itself."""
+
+
+def is_batch_size(value: Any) -> bool:
+    """True for ``()`` or a shape (a tuple, list or ``torch.Size`` of 1s; an int 1) with exactly one element."""
+    if is_integer(value):
+        return value == 1
+    if not isinstance(value, (tuple, list)):
+        return False
+    return all(is_integer(dim) and dim == 1 for dim in value)
+
+
+def is_outcome_action(value: Any) -> bool:
+    """True for an ``on_length=``/``on_overflow=`` value: ``"record"``, ``"mask"``, ``"end"``, a finite number (a
+    penalty), or a non-empty tuple or list of those (``transforms.context_policy``)."""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    return bool(items) and all(item in ("record", "mask", "end") if isinstance(item, str) else is_number(item)
+                               for item in items)
+
+
+CHAIN_OPTION_RULES: dict[str, Rule] = {
+    "chat_template_name": instance_of("a string", str, optional=True),
+    "reward_wrong_format": Rule("a number", is_number, optional=True),
+    "input_mode": one_of("history", "text", "tokens"),
+    "max_format_errors": integer_at_least(1, optional=True),
+    "max_turns": integer_at_least(1, optional=True),
+    "max_turn_tokens": integer_at_least(1, optional=True),
+    "max_episode_tokens": integer_at_least(1, optional=True),
+    "context_window": integer_at_least(1, optional=True),
+    "max_observation_chars": integer_at_least(1, optional=True),
+    **{name: Rule("'record', 'mask', 'end', a finite number (a penalty) or a tuple of those", is_outcome_action)
+       for name in ("on_length", "on_overflow")},
+    "batch_size": Rule(
+        "a shape of one element ((1,), the default; (1, 1), ...) or () for the chain's unbatched tensordicts",
+        is_batch_size,
+        optional=True,
+    ),
+}
+"""The rule of each chain option that has one (``tokenizer``, ``device`` and ``layout`` are checked where used)."""
 
 
 def shapes_history(processor: Any) -> bool:
@@ -128,12 +166,11 @@ def build_env(
     # TorchRL's History refuses to exist otherwise; its LLM wrappers set the same flag.
     tensordict.set_list_to_stack(True).set()
     keys = get_layout(layout)
-    for name, value in (("batch_size", batch_size), ("input_mode", input_mode),
-                        ("max_format_errors", max_format_errors), ("max_turns", max_turns),
-                        ("max_turn_tokens", max_turn_tokens), ("max_episode_tokens", max_episode_tokens),
-                        ("context_window", context_window), ("on_length", on_length), ("on_overflow", on_overflow),
-                        ("max_observation_chars", max_observation_chars)):
-        check_option(name, value)  # registry.make checked them already; build_env may be called directly
+    check_options(  # registry.make checked them already; build_env may be called directly
+        {"batch_size": batch_size, "input_mode": input_mode, "max_format_errors": max_format_errors,
+         "max_turns": max_turns, "max_turn_tokens": max_turn_tokens, "max_episode_tokens": max_episode_tokens,
+         "context_window": context_window, "on_length": on_length, "on_overflow": on_overflow,
+         "max_observation_chars": max_observation_chars}, CHAIN_OPTION_RULES, "a chain option")
     if keys.query is None and (input_mode == "tokens" or batch_size not in (None, ())):
         raise ValueError(
             f"the {keys.name!r} layout keeps the reference's unbatched, text-only env; batch_size and "

@@ -21,11 +21,11 @@ from typing import Any
 
 from .components.isolators import replace_lone_surrogates
 from .errors import ComponentOutputError, FormatError
+from .options import check_option
 from .output_checks import call_isolator, checked_parser
 from .policies.base import Policy, PolicyExhausted
 from .specs import TaskSpec
 from .trajectories import Step, TrajectoryWriter, TurnTokens
-from .validation import check_option
 
 EXIT_FORMAT_THOUGHT = "Exit due to format error"
 """The thought MLGym's agent records on the step that ends an episode after repeated format errors."""

@@ -37,7 +37,7 @@ def run_episodes(
     Ray actors, on the cluster at ``address`` or on a local runtime started for the run (``ray_episodes``), with
     ``cpus_per_env`` CPUs asked per actor. Both write the same files under ``out``.
     """
-    from .validation import InvalidOptionError
+    from .options import InvalidOptionError
 
     if engine == "ray":
         from .ray_episodes import run_ray_episodes

@@ -31,7 +31,10 @@ def register_tasks(register: Register) -> None:
 
 @hookspec
 def register_backends(register: Register) -> None:
-    """Register execution backends: factories ``backend(spec: TaskSpec, **options) -> Backend`` (backends.protocol)."""
+    """Register execution backends: factories ``backend(spec: TaskSpec, **options) -> Backend`` (backends.protocol).
+
+    A factory's options are its own: ``make`` checks their values only against the factory's ``option_rules``
+    (a mapping of names to ``options.Rule``), when it declares any."""
 
 
 @hookspec

@@ -129,8 +129,8 @@ def episode_collector(
     from torchrl.collectors import Collector
     from torchrl.weight_update import NoWeightSyncScheme
 
+    from .options import check_option
     from .registry import registry
-    from .validation import check_option
     from .workers import WithParentEnviron, warm_workers
 
     spec = registry.spec(spec)

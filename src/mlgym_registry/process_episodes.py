@@ -50,8 +50,8 @@ def run_process_episodes(
     ``on_step(episodes_over, steps_so_far)`` is called as steps arrive. An episode our machinery lost has a
     ``failure`` starting with ``infra_error:`` (``frame_receiver.is_infra_failure``).
     """
+    from .options import check_option
     from .registry import registry
-    from .validation import check_option
 
     spec = registry.spec(spec)
     registry.resolve(spec)  # an unknown component or option fails here, before any worker starts

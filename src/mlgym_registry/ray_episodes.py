@@ -389,10 +389,10 @@ def run_ray_episodes(
     the largest node has is refused (``RayResourceError``). The rest is as in ``parallel.run_parallel``; a failed
     episode has ``failure`` set.
     """
+    from .options import InvalidOptionError, check_option
     from .ray_collectors import RayResourceError, cpus_per_collector
     from .ray_runtime import import_ray, ray_session
     from .registry import registry
-    from .validation import InvalidOptionError, check_option
 
     import_ray()
     if cpus_per_env is not None and not cpus_per_env > 0:

@@ -25,9 +25,9 @@ from .entries import (
     provider_of,
 )
 from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, UnknownNameError
+from .options import backend_rules, validate_overrides, validate_task_options
 from .plugins import BUILTIN_DISTRIBUTION, BuiltinNameRefused, PluginInfo, PluginLoader, Registration
 from .specs import COMPONENT_KINDS, KINDS, ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
-from .validation import validate_overrides, validate_task_options
 
 SPEC_OVERRIDES = ("max_steps", "failure_reward", "score_format_exit")
 """``make`` keywords that change the task spec itself (besides the component names)."""
@@ -296,7 +296,7 @@ class Registry:
                 valid = set(CHAIN_OPTIONS) | set(COMPONENT_KINDS) | set(SPEC_OVERRIDES) | accepted | {"backend_options"}
                 raise InvalidOverrideError(unknown, valid)
             backend_options.update(overrides)
-        validate_task_options(spec, backend_options, accepted)
+        validate_task_options(spec, backend_options, accepted, backend_rules(backend_factory))
         refuse_metric_mismatch(spec)
         check_available = getattr(backend_factory, "check_available", None)
         if callable(check_available):  # a backend that cannot run on this machine says so now, not at reset
@@ -356,15 +356,16 @@ class Registry:
         ``chain.build_env``) or go to the backend (its factory's keyword arguments, or ``backend_options={...}``).
         Unknown keys raise ``InvalidOverrideError`` (``UnknownOptionError`` for a backend option the backend does
         not take); a value of the wrong type or out of range raises ``InvalidOptionError`` (a ``ValueError``) naming
-        the option and its valid range (see ``validation.OPTION_RULES``). Both are raised before anything is built.
+        the option, its owner and its valid range (see ``options.py``). Both are raised before anything is built.
         """
         if (name is None) == (tasks is None):
             raise TypeError("make() takes a task name or tasks=[...], not both and not neither")
         names = [name] if tasks is None else list(tasks)
         if not names:
             raise TypeError("make(tasks=[...]) needs at least one task")
-        validate_overrides(overrides)
-        from .chain import build_env
+        from .chain import CHAIN_OPTION_RULES, build_env
+
+        validate_overrides(overrides, CHAIN_OPTION_RULES)
 
         resolved: list[ResolvedTask] = []
         chain_options: dict[str, Any] = {}

@@ -41,7 +41,7 @@ PRELOAD_MODULE = "mlgym_registry._worker_preload"
 
 def worker_start_method() -> str:
     """How workers start: ``MLGYM_REGISTRY_WORKER_START`` when set, else ``forkserver`` where the platform has one."""
-    from .validation import InvalidOptionError
+    from .options import InvalidOptionError
 
     method = os.environ.get(START_METHOD_VARIABLE, "").strip() or "forkserver"
     if method not in START_METHODS:

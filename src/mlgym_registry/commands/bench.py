@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from ..options import cli_integer
 from ..terminal import printable
-from ..validation import cli_integer
 from .out_folder import OutFolder
 from .run import (
     add_backend_option_argument,

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ..options import InvalidOptionError, cli_integer
 from ..terminal import printable
-from ..validation import InvalidOptionError, cli_integer
 from .out_folder import OutFolder, default_out
 from .signals import sigint_deferred, terminate_as_exit
 from .terminal_output import ProgressBar, Transcript

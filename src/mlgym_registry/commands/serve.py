@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import Any
 
-from ..validation import InvalidOptionError, cli_integer
+from ..options import InvalidOptionError, cli_integer
 from .run import add_backend_option_argument, backend_options, with_changes
 
 EXTRA_HINT = "serve needs the openenv extra: pip install 'mlgym-registry[openenv]' (see docs/serving.md)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..validation import cli_integer
+from ..options import cli_integer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

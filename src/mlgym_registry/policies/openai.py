@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..validation import InvalidOptionError, is_integer, is_number
+from ..options import InvalidOptionError, is_integer, is_number
 from .base import Messages, Policy, PolicyError, fenced
 
 INSTALL_HINT = "pip install 'mlgym-registry[openai]'"

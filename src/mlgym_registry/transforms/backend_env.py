@@ -304,7 +304,7 @@ class BackendEnv(EnvBase):
             warnings.warn(problem, RuntimeWarning, stacklevel=2)
 
     def _set_seed(self, seed: int | None) -> None:
-        from ..validation import check_option
+        from ..options import check_option
 
         check_option("seed", seed)  # a refused seed leaves the env's seed as it was
         rng = np.random.default_rng(seed)

@@ -31,6 +31,7 @@ from . import sandbox as sandbox_mod
 from .confinement import Confinement, quote
 from .evaluation import EvaluationFailure, Evaluator, Started
 from .observations import CommandTimeout, Outcome
+from .options import LOCAL_OPTION_RULES
 from .output import cap
 from .resources import ROOT_PREFIX, Folders, Resources, hold_owner_lock, sweep_orphans
 from .session import Result, ShellSession
@@ -83,6 +84,9 @@ class LocalBackend:
     devices and driver libraries to the sandbox; see ``sandbox.gpu_devices``), ``trust_agent_code`` (run a task whose
     evaluator imports the agent's code into its own process, ``agent_code_in_evaluator``: its scores can be forged).
     """
+
+    option_rules = LOCAL_OPTION_RULES
+    """The rules of these parameters, which ``registry.make`` checks before the backend is built (``options.py``)."""
 
     name = "mlgym_main"
 

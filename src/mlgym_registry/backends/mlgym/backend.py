@@ -4,6 +4,7 @@ package's docstring for what the adapter adds to MLGym)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 from ... import seeding
 from ...errors import BackendUnavailable
+from ...options import BOOLEAN, SEED, Rule, instance_of, one_of
 from ...specs import TaskSpec
 from ..protocol import ToolSet, new_info
 from .checkout import command_file_entry, import_from_checkout, in_directory, mlgym_checkout
@@ -43,6 +45,19 @@ class MLGymBackend:
             files to the agent and lets it change them (refused by default).
         environment_options: further ``EnvironmentArguments`` fields.
     """
+
+    option_rules: dict[str, Rule] = {
+        "container_type": one_of("docker", "podman"),
+        "devices": Rule("a list of MLGym device names (['cpu_0'], ['0', '1'])",
+                        lambda value: isinstance(value, (list, tuple)) and all(isinstance(d, str) for d in value)),
+        "agent_config": instance_of("an agent YAML path", str, os.PathLike, optional=True),
+        "image_name": instance_of("an image name", str, optional=True),
+        "seed": SEED,
+        "aliases_file": instance_of("a bash aliases file path", str, os.PathLike, optional=True),
+        "allow_unprotected_files": BOOLEAN,
+        "environment_options": instance_of("a dict of EnvironmentArguments fields", dict, optional=True),
+    }
+    """The rules of these parameters, which ``registry.make`` checks before the backend is built (``options.py``)."""
 
     @staticmethod
     def check_available(*, container_type: str = "docker", image_name: str | None = None, **_options: Any) -> None:
