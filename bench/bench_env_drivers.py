@@ -221,7 +221,7 @@ class ProcessPoolStepper(PoolStepper):
     def build(self, factory: Callable[[], Any], width: int) -> Any:
         from torchrl.envs import AsyncEnvPool
 
-        from mlgym_registry.workers import WithParentEnviron, warm_workers
+        from mlgym_registry.scale.workers import WithParentEnviron, warm_workers
 
         with warm_workers():
             return AsyncEnvPool([WithParentEnviron(factory)] * width, backend="multiprocessing", exchange="queue")
@@ -233,7 +233,7 @@ class ParallelStepper(Stepper):
     def __init__(self, factory: Callable[[], Any], width: int, delay: float):
         from torchrl.envs import ParallelEnv
 
-        from mlgym_registry.workers import WithParentEnviron, warm_workers
+        from mlgym_registry.scale.workers import WithParentEnviron, warm_workers
 
         super().__init__(factory, width, delay)
         with warm_workers():
@@ -287,7 +287,7 @@ def measure_cell(driver: str, task: str, width: int, turns: int, min_rounds: int
                  timed: bool = True) -> Cell:
     """Build N envs the driver's way, play its rounds, take the tree's PSS, close them (``timed=False``: build, play
     one round and close, to warm up)."""
-    from mlgym_registry.parallel import EnvFactory
+    from mlgym_registry.scale.parallel import EnvFactory
 
     factory = EnvFactory.from_spec(task, max_steps=10**6)
     gc.collect()

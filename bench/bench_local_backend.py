@@ -70,7 +70,7 @@ def reset_and_bare_ms(env: LocalBackend, repeats: int) -> tuple[float, float]:
 
 def chain_step_ms(repeats: int) -> float | None:
     """Median time of one ``echo hi`` step through ``registry.make("prisonersDilemma")``, or None without a chain."""
-    if importlib.util.find_spec("mlgym_registry.chain") is None:
+    if importlib.util.find_spec("mlgym_registry.transforms.chain") is None:
         return None
     from mlgym_registry import registry
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bash -c 'echo hi' via subprocess.run:    {bare_ms:8.2f} ms")
     print(f"backend.step('echo hi'):                 {step_ms:8.2f} ms   ratio {step_ms / bare_ms:5.2f} (target < 3)")
     if chain_ms is None:
-        print("registry.make env step:                  n/a (mlgym_registry.chain not available)")
+        print("registry.make env step:                  n/a (mlgym_registry.transforms.chain not available)")
     else:
         ratio = chain_ms / bare_ms
         print(f"registry.make env step('echo hi'):       {chain_ms:8.2f} ms   ratio {ratio:5.2f} (target < 3)")

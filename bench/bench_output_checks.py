@@ -1,5 +1,5 @@
-"""Cost of the checked component outputs (``mlgym_registry.output_checks``): a chain step at ~400 messages with the
-checks on against the same step with them off, side by side in one run.
+"""Cost of the checked component outputs (``mlgym_registry.components.output_checks``): a chain step at ~400
+messages with the checks on against the same step with them off, side by side in one run.
 
 The backend is the tests' stand-in (zero-cost steps), so the time measured is the chain's own. One env is stepped
 with the checks switched on and off on alternate steps (``output_checks.ENABLED``), so a burst of load on the
@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from bench_chain import OUTPUT, advance, timed_step  # noqa: E402
 from standin import StandinBackend  # noqa: E402
 
-from mlgym_registry import TaskSpec, output_checks, registry  # noqa: E402
+from mlgym_registry import TaskSpec, registry  # noqa: E402
+from mlgym_registry.components import output_checks
 
 VALIDATE = "I score the submission.\n```\nvalidate\n```\n"
 

@@ -1,7 +1,7 @@
 """Many envs on one machine: speed-up of N envs over one, and what building and shutting down N workers costs.
 
 Three measures, each for N = 1, 2 and 4 envs (``--envs``) and for each way of starting workers (``--methods``:
-``forkserver``, the warm server of ``mlgym_registry.workers``, and ``spawn``, TorchRL's default and what
+``forkserver``, the warm server of ``mlgym_registry.scale.workers``, and ``spawn``, TorchRL's default and what
 ``--num-envs`` used before), run side by side in one run, ``--rounds`` times in turn; the best of the rounds is
 kept, which filters out interference from other work on the machine.
 
@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from mlgym_registry.workers import START_METHOD_VARIABLE
+from mlgym_registry.scale.workers import START_METHOD_VARIABLE
 
 RESPONSE = "DISCUSSION\nA trivial command.\n```\necho hi\n```"
 """The pool's answer every turn in measure 3: a valid command that never ends the episode."""
@@ -123,8 +123,8 @@ def measure_cli(task: str, envs: list[int], methods: list[str], episodes: int, r
 def collector_run(task: str, num_envs: int, episodes: int) -> tuple[float, float, float]:
     """Build, play ``episodes`` episodes (``episodes / num_envs`` per env) and shut down a ``run_parallel``
     collector: (build seconds, turns/s, shutdown seconds)."""
-    from mlgym_registry.episode import text_at
-    from mlgym_registry.parallel import WORKER_KEY, episode_collector
+    from mlgym_registry.episodes.episode import text_at
+    from mlgym_registry.scale.parallel import WORKER_KEY, episode_collector
 
     per_env = episodes // num_envs
     started = time.perf_counter()
@@ -171,8 +171,8 @@ def pool_run(task: str, num_envs: int, steps: int) -> tuple[float, float, float]
     rounds, close it: (build seconds, steps/s, close seconds)."""
     from torchrl.envs import AsyncEnvPool
 
-    from mlgym_registry.parallel import EnvFactory
-    from mlgym_registry.workers import WithParentEnviron, warm_workers
+    from mlgym_registry.scale.parallel import EnvFactory
+    from mlgym_registry.scale.workers import WithParentEnviron, warm_workers
 
     factory = EnvFactory.from_spec(task, max_steps=10**6)
     started = time.perf_counter()
@@ -233,7 +233,7 @@ def warm_up(methods: list[str]) -> None:
         return
     import multiprocessing
 
-    from mlgym_registry.workers import start_worker_server
+    from mlgym_registry.scale.workers import start_worker_server
 
     with start_method("forkserver"):
         started = time.perf_counter()

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from mlgym_registry.episode_runs import run_episodes
-from mlgym_registry.ray_runtime import ray_session
+from mlgym_registry.scale.ray_runtime import ray_session
+from mlgym_registry.scale.runs import run_episodes
 
 
 @dataclass

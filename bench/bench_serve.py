@@ -25,7 +25,7 @@ import time
 import psutil
 from openenv import GenericEnvClient
 
-from mlgym_registry.gym_env import MLGymRegistryEnv
+from mlgym_registry.faces.gymnasium import MLGymRegistryEnv
 
 TASK = "prisonersDilemma"
 RESPONSE = "I print a greeting.\n```\necho hi\n```\n"

@@ -57,7 +57,7 @@ from torchrl.envs import AsyncEnvPool, Compose, EnvBase, Transform, TransformedE
 from torchrl.envs.llm import ChatEnv  # noqa: E402
 
 from mlgym_registry import TaskSpec, registry  # noqa: E402
-from mlgym_registry.tiny_model import tiny_tokenizer  # noqa: E402
+from mlgym_registry.testing.tiny_model import tiny_tokenizer  # noqa: E402
 
 RESPONSE = "I run a trivial command.\n```\necho hi\n```\n"
 """The policy's answer every turn: a valid command, so no turn is a format error and no episode ends."""
@@ -386,7 +386,7 @@ POOL_BACKENDS = ("threading", "multiprocessing")
 
 def make_pool(backend: str, size: int) -> tuple[AsyncEnvPool, TensorDictBase]:
     """An ``AsyncEnvPool`` of ``size`` real envs with TorchRL's defaults (``stack="dense"``), and its first reset."""
-    from mlgym_registry.workers import warm_workers
+    from mlgym_registry.scale.workers import warm_workers
 
     factory = functools.partial(registry.make, TASK, max_steps=10**6)
     with warm_workers(), warnings.catch_warnings():  # forked from a preloaded server: spawning costs seconds each

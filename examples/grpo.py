@@ -26,7 +26,7 @@ from torchrl.objectives.llm import GRPOLoss, MCAdvantage
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mlgym_registry import registry
-from mlgym_registry.tiny_model import tiny_model, tiny_tokenizer
+from mlgym_registry.testing.tiny_model import tiny_model, tiny_tokenizer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

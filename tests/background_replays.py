@@ -25,7 +25,7 @@ import pytest
 
 from mlgym_registry.backends.local.procs import alive
 from mlgym_registry.commands.replay import default_task, replay
-from mlgym_registry.trajectories import load_traj
+from mlgym_registry.records.trajectories import load_traj
 
 TEST_NAME = "test_every_recorded_mlgym_run_replays_and_is_reported"
 """The test that checks each replay."""

@@ -19,7 +19,7 @@ from test_openai_policy import MODEL, Endpoint, completion
 
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.evaluation.report import build_report
-from mlgym_registry.trajectories import Step, load_traj, trajectory_from_dict
+from mlgym_registry.records.trajectories import Step, load_traj, trajectory_from_dict
 
 TASK = "prisonersDilemma"
 PRICE_IN, PRICE_OUT = 2.0, 10.0

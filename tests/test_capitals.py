@@ -8,7 +8,7 @@ from mlgym_registry import registry
 from mlgym_registry.components.parsers import ANSWER_FILE, AnswerOrCommandParser, ThoughtActionParser
 from mlgym_registry.components.templates import STATUS_BLOCK, short
 from mlgym_registry.testing import check_parser, check_template
-from mlgym_registry.tiny_model import tiny_tokenizer
+from mlgym_registry.testing.tiny_model import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 
 from mlgym_registry import TaskSpec, registry
-from mlgym_registry.chain import CHAIN_OPTIONS, build_env
 from mlgym_registry.components.isolators import guard_multiline_input
 from mlgym_registry.components.parsers import NO_ACTION
+from mlgym_registry.transforms.chain import CHAIN_OPTIONS, build_env
 from mlgym_registry.transforms.layout import LAYOUTS
 
 BASELINE = 2.0

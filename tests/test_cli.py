@@ -78,7 +78,7 @@ def test_run_and_info_take_a_task_file_and_write_files_readable_as_the_umask_say
     out = tmp_path / "run"
     result = run_cli("run", str(task_file), "--policy", "scripted", "--max-steps", "2", "--out", str(out), "--quiet")
     assert result.returncode == 0, result.stderr
-    from mlgym_registry.trajectories import current_umask
+    from mlgym_registry.records.trajectories import current_umask
 
     for name in ("prisonersDilemma.traj", "results.json"):  # the command inherits this process's umask
         assert (out / name).stat().st_mode & 0o777 == 0o666 & ~current_umask()

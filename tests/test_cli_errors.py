@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from mlgym_registry.trajectories import load_traj
+from mlgym_registry.records.trajectories import load_traj
 
 TASK = "prisonersDilemma"
 CLI = [sys.executable, "-m", "mlgym_registry.cli"]

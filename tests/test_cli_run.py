@@ -14,7 +14,7 @@ import pytest
 from conftest import default_sigint, run_cli
 
 from mlgym_registry.cli import main as cli_main
-from mlgym_registry.trajectories import load_results, load_traj
+from mlgym_registry.records.trajectories import load_results, load_traj
 
 GAMES = ("prisonersDilemma", "battleOfSexes", "blotto")
 

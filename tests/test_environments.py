@@ -15,9 +15,9 @@ from conftest import fresh_registry, write
 import mlgym_registry
 from mlgym_registry import InvalidTaskError, MissingTaskPackages, PrepareFailed, load_task_yaml
 from mlgym_registry.cli import main as cli_main
-from mlgym_registry.environments import environment_key, environments_folder, prepared_python, task_python
 from mlgym_registry.policies.base import fenced
-from mlgym_registry.task_packages import missing_requirements, task_requirements
+from mlgym_registry.preparation.task_packages import missing_requirements, task_requirements
+from mlgym_registry.preparation.virtualenvs import environment_key, environments_folder, prepared_python, task_python
 
 NOWHERE = "some-package-that-does-not-exist-xyz"
 

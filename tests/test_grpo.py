@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from mlgym_registry.tiny_model import save_tiny_checkpoint
+from mlgym_registry.testing.tiny_model import save_tiny_checkpoint
 
 # TorchRL's collectors warn about an InitTracker for every LLM env, its own ChatEnv included; nothing here needs one
 pytestmark = pytest.mark.filterwarnings("ignore:The env passed to LLMCollector is missing:FutureWarning")

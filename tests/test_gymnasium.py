@@ -15,8 +15,8 @@ from gymnasium.utils.env_checker import check_env
 
 from mlgym_registry import InvalidOverrideError, registry
 from mlgym_registry.cli import main as cli_main
-from mlgym_registry.conversation import format_conversation, print_conversation, render_chat
-from mlgym_registry.gym_registration import gym_id, register_envs
+from mlgym_registry.faces.gymnasium_registration import gym_id, register_envs
+from mlgym_registry.records.conversation import format_conversation, print_conversation, render_chat
 
 BUILT_IN = ["battleOfSexes", "blotto", "capitals", "houseRegression", "prisonersDilemma"]
 

@@ -14,7 +14,7 @@ from torchrl.envs.utils import check_env_specs
 from mlgym_registry import ComponentOutputError, TaskSpec, registry
 from mlgym_registry.components.history_processors import FullHistory, LastNObservations, TokenBudget
 from mlgym_registry.testing import ConformanceError, check_history_processor, example_conversation
-from mlgym_registry.tiny_model import tiny_tokenizer
+from mlgym_registry.testing.tiny_model import tiny_tokenizer
 from mlgym_registry.transforms.history import as_dicts
 from mlgym_registry.transforms.rendering import ChatRenderer
 

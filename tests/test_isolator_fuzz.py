@@ -27,6 +27,7 @@ from mlgym_registry.components.isolators import (
     malformed_message,
     unterminated_command,
 )
+from mlgym_registry.components.output_checks import IsolatorFailedOnReply, IsolatorFailedWarning, ParserFailedWarning
 from mlgym_registry.components.parsers import (
     AnswerOrCommandParser,
     IdentityParser,
@@ -35,9 +36,8 @@ from mlgym_registry.components.parsers import (
     XMLThoughtActionParser,
 )
 from mlgym_registry.components.tool_calling import ToolCallParser
-from mlgym_registry.conversation import format_conversation
 from mlgym_registry.errors import ComponentRaisedError, FormatError
-from mlgym_registry.output_checks import IsolatorFailedOnReply, IsolatorFailedWarning, ParserFailedWarning
+from mlgym_registry.records.conversation import format_conversation
 from mlgym_registry.testing import (
     COMMAND_HOSTILE_REPLIES,
     HOSTILE_REPLIES,
@@ -362,7 +362,7 @@ def test_the_format_error_carries_the_isolator_error():
         isolator = staticmethod(recursive_isolator)
         parser = ThoughtActionParser()
 
-    from mlgym_registry.output_checks import call_isolator
+    from mlgym_registry.components.output_checks import call_isolator
 
     with pytest.warns(IsolatorFailedWarning), pytest.raises(IsolatorFailedOnReply) as raised:
         call_isolator(Task(), "[" * DEEP, Task.parser)
@@ -400,9 +400,9 @@ def test_a_conversation_is_shown_as_text_when_its_parser_raises(recursive_parser
 
 
 def test_show_prints_a_traj_whose_reply_made_the_parser_raise(recursive_parser_name, tmp_path, capsys):
-    from mlgym_registry.episode import run_episode
+    from mlgym_registry.episodes.episode import run_episode
     from mlgym_registry.policies.base import Policy
-    from mlgym_registry.trajectories import TrajectoryWriter
+    from mlgym_registry.records.trajectories import TrajectoryWriter
 
     deep = "DISCUSSION\n" + "[" * DEEP + "\n```\nls -a\n```"
 

@@ -17,10 +17,11 @@ import pytest
 import yaml
 from outside_data import RECORDED, TRAJECTORIES, missing_recorded_runs
 
-from mlgym_registry import observation_kinds, recorded_files, seeding
+from mlgym_registry import seeding
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.protocol import INFO_KEYS, Backend
-from mlgym_registry.observation_kinds import KINDS, observation_kind
+from mlgym_registry.records import observation_kinds, recorded_files
+from mlgym_registry.records.observation_kinds import KINDS, observation_kind
 from mlgym_registry.specs import TaskSpec
 from mlgym_registry.tasks.mlgym_source import task_header
 

@@ -16,7 +16,7 @@ from test_local_backend import tiny_spec
 
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.local.limits import network_isolation_prefix
-from mlgym_registry.observation_kinds import observation_kind
+from mlgym_registry.records.observation_kinds import observation_kind
 
 
 def session_tree(env: LocalBackend) -> list[psutil.Process]:

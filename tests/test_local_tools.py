@@ -6,7 +6,7 @@ import pytest
 from test_local_backend import tiny_spec
 
 from mlgym_registry.backends.local import LocalBackend
-from mlgym_registry.observation_kinds import observation_kind
+from mlgym_registry.records.observation_kinds import observation_kind
 
 
 @pytest.fixture(scope="module")

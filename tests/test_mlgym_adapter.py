@@ -436,8 +436,8 @@ def test_conformance_kit_rejects_scores_that_do_not_accumulate(mlgym_checkout, t
 def test_results_json_holds_every_score_of_the_episode(mlgym_checkout, tmp_path, actions, agent):
     from test_output_checks import Script
 
-    from mlgym_registry.episode import run_episode
-    from mlgym_registry.trajectories import TrajectoryWriter, load_results
+    from mlgym_registry.episodes.episode import run_episode
+    from mlgym_registry.records.trajectories import TrajectoryWriter, load_results
 
     spec = game_spec(tmp_path)
     env = registry.make(spec, backend="mlgym", seed=0)

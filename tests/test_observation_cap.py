@@ -7,8 +7,8 @@ import re
 import pytest
 
 from mlgym_registry import registry
-from mlgym_registry.chain import MAX_OBSERVATION_CHARS
 from mlgym_registry.options import InvalidOptionError
+from mlgym_registry.transforms.chain import MAX_OBSERVATION_CHARS
 from mlgym_registry.transforms.state_to_message import cap_observation
 
 # 100,000 characters: 'A', then 99,998 'x', then 'Z' (the backend's own cap is 100,000 characters per output)

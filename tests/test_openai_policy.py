@@ -27,7 +27,7 @@ import pytest
 
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.policies import PolicyError, PolicyText, make_policy
-from mlgym_registry.trajectories import load_results, load_traj
+from mlgym_registry.records.trajectories import load_results, load_traj
 
 pytest.importorskip("openai")
 
@@ -328,7 +328,7 @@ def test_the_policy_travels_to_workers_as_its_options():
 # -- a real server: transformers serve over the tiny model --------------------------------------------------------
 SERVE = """
 import sys
-from mlgym_registry.tiny_model import save_tiny_checkpoint
+from mlgym_registry.testing.tiny_model import save_tiny_checkpoint
 folder, port = sys.argv[1], sys.argv[2]
 save_tiny_checkpoint(folder)
 from transformers.cli.transformers import main  # what the `transformers` command runs

@@ -8,17 +8,10 @@ import pytest
 import torch
 from standin import StandinBackend
 
-from mlgym_registry import (
-    ComponentOutputError,
-    FormatError,
-    MLGymRegistryError,
-    TaskSpec,
-    hookimpl,
-    output_checks,
-    registry,
-)
+from mlgym_registry import ComponentOutputError, FormatError, MLGymRegistryError, TaskSpec, hookimpl, registry
+from mlgym_registry.components import output_checks
 from mlgym_registry.components.template_set import TemplateSet
-from mlgym_registry.episode import run_episode
+from mlgym_registry.episodes.episode import run_episode
 from mlgym_registry.policies.base import Policy, PolicyExhausted
 
 DIST = "bad-components-dist"

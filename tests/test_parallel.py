@@ -11,7 +11,7 @@ import pytest
 from conftest import run_python
 
 from mlgym_registry import TaskSpec, registry
-from mlgym_registry.parallel import INFO_KEY, WORKER_KEY, EnvFactory, TextPolicy, run_parallel
+from mlgym_registry.scale.parallel import INFO_KEY, WORKER_KEY, EnvFactory, TextPolicy, run_parallel
 from mlgym_registry.transforms.history import as_dicts
 
 
@@ -117,8 +117,8 @@ def test_run_parallel_plays_each_env_to_the_end(tmp_path):
 
 
 def test_run_episodes_refuses_an_unknown_engine_and_ray_options_without_ray():
-    from mlgym_registry.episode_runs import run_episodes
     from mlgym_registry.options import InvalidOptionError
+    from mlgym_registry.scale.runs import run_episodes
 
     with pytest.raises(InvalidOptionError, match="engine='threads' is not one of process, ray"):
         run_episodes("blotto", "scripted", 2, engine="threads")
@@ -130,7 +130,7 @@ def test_run_episodes_refuses_an_unknown_engine_and_ray_options_without_ray():
 
 
 def test_a_factory_env_seeds_each_of_its_episodes_as_rays_runner_does():
-    from mlgym_registry.parallel import EnvFactory
+    from mlgym_registry.scale.parallel import EnvFactory
 
     env = EnvFactory.from_spec("blotto", batch_size=())
     env = EnvFactory(env.spec, env.options, seed=7, seed_stride=3)()  # env 0 of 3 started at seed 7
@@ -157,7 +157,7 @@ def report_origin(factory, connection) -> None:
 
 
 def test_warm_workers_fork_from_the_server_with_this_process_environment(monkeypatch):
-    from mlgym_registry.workers import WithParentEnviron, warm_workers
+    from mlgym_registry.scale.workers import WithParentEnviron, warm_workers
 
     monkeypatch.delenv("MLGYM_REGISTRY_WORKER_START", raising=False)
     before = multiprocessing.get_start_method(allow_none=True)
@@ -182,7 +182,7 @@ def test_warm_workers_fork_from_the_server_with_this_process_environment(monkeyp
 
 def test_a_start_method_other_than_forkserver_or_spawn_is_refused(monkeypatch):
     from mlgym_registry.options import InvalidOptionError
-    from mlgym_registry.workers import warm_workers, worker_start_method
+    from mlgym_registry.scale.workers import warm_workers, worker_start_method
 
     monkeypatch.setenv("MLGYM_REGISTRY_WORKER_START", "spawn")
     assert worker_start_method() == "spawn"
@@ -196,7 +196,7 @@ def test_a_start_method_other_than_forkserver_or_spawn_is_refused(monkeypatch):
 def test_an_idle_worker_pauses_before_forfeiting():
     import time
 
-    from mlgym_registry.parallel import IDLE_RESPONSE
+    from mlgym_registry.scale.parallel import IDLE_RESPONSE
 
     env = EnvFactory.from_spec("prisonersDilemma", batch_size=())()
     try:
@@ -214,7 +214,7 @@ def test_a_worker_interrupted_inside_a_finalizer_is_interrupted_in_its_job():
     in ... __del__") and goes on: a worker takes it up again in its job instead, and prints nothing."""
     done = run_python("""
         import signal, time
-        from mlgym_registry.workers import _interrupt_once
+        from mlgym_registry.scale.workers import _interrupt_once
 
         _interrupt_once()
 

@@ -17,8 +17,8 @@ import pytest
 from conftest import run_cli
 
 from mlgym_registry import registry
-from mlgym_registry.episode_frames import TURN, EnvJob, play_env
-from mlgym_registry.frame_receiver import FrameReceiver, is_infra_failure
+from mlgym_registry.scale.frame_receiver import FrameReceiver, is_infra_failure
+from mlgym_registry.scale.frames import TURN, EnvJob, play_env
 
 TASK = "prisonersDilemma"
 SOAK_ENVS = 32

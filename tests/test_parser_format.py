@@ -13,11 +13,11 @@ from mlgym_registry.components.parsers import (
     XMLThoughtActionParser,
 )
 from mlgym_registry.components.templates import GENERIC_FORMAT_INSTRUCTIONS, load_agent_yaml
-from mlgym_registry.episode import run_episode
+from mlgym_registry.episodes.episode import run_episode
 from mlgym_registry.policies import make_policy
 from mlgym_registry.policies.scripted import ScriptedPolicy, in_format
+from mlgym_registry.records.trajectories import load_traj
 from mlgym_registry.testing import ConformanceError, check_isolator, check_parser
-from mlgym_registry.trajectories import load_traj
 
 TAGGED = "xml_thought_action"
 BUILT_IN = {"thought_action": ThoughtActionParser, "mlgym_thought_action": StrictThoughtActionParser,
@@ -266,7 +266,7 @@ def test_worker_text_policy_writes_in_the_parser_format():
     """``run_parallel``'s workers rebuild the policy from its text, with the parser named by the spec."""
     import pickle
 
-    from mlgym_registry.parallel import EnvFactory, TextPolicy
+    from mlgym_registry.scale.parallel import EnvFactory, TextPolicy
 
     spec = registry.spec("prisonersDilemma").replace(parser=TAGGED, max_steps=4, components={})
     factory = EnvFactory.from_spec(spec)

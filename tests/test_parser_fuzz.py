@@ -22,6 +22,7 @@ import pytest
 from mlgym_registry import FormatError, registry
 from mlgym_registry.bounded_json import MAX_JSON_DEPTH, JSONTooDeep, nests_deeper
 from mlgym_registry.bounded_json import loads as bounded_loads
+from mlgym_registry.components.output_checks import ParserFailedWarning
 from mlgym_registry.components.parsers import (
     AnswerOrCommandParser,
     IdentityParser,
@@ -31,7 +32,6 @@ from mlgym_registry.components.parsers import (
 )
 from mlgym_registry.components.tool_calling import ToolCallParser, encode_call, read_calls, structured_messages
 from mlgym_registry.errors import ComponentRaisedError
-from mlgym_registry.output_checks import ParserFailedWarning
 from mlgym_registry.testing import (
     HOSTILE_REPLIES,
     ConformanceError,
@@ -401,9 +401,9 @@ def test_a_parser_that_reads_nothing_still_fails_the_step():
 
 
 def test_an_episode_records_the_hostile_turns_as_format_errors(tmp_path):
-    from mlgym_registry.episode import run_episode
+    from mlgym_registry.episodes.episode import run_episode
     from mlgym_registry.policies.base import Policy
-    from mlgym_registry.trajectories import TrajectoryWriter, load_traj
+    from mlgym_registry.records.trajectories import TrajectoryWriter, load_traj
 
     class Hostile(Policy):
         def __init__(self):

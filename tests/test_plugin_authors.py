@@ -17,9 +17,9 @@ from outside_data import REPO
 
 from mlgym_registry import Registry, registry
 from mlgym_registry.errors import ComponentRaisedError, PluginLoadError, UnknownNameError
-from mlgym_registry.evaluator_runs import compare_baseline
 from mlgym_registry.plugins import PluginLoadWarning
 from mlgym_registry.specs import TaskFieldWarning, load_task_yaml
+from mlgym_registry.tasks.evaluator_runs import compare_baseline
 from mlgym_registry.testing import ConformanceError, check_reward_assigner, check_task
 
 TASKS = REPO / "src" / "mlgym_registry" / "tasks"
@@ -218,7 +218,7 @@ def test_5_check_with_one_run_of_a_stochastic_evaluator_warns_instead_of_failing
 
 def test_6_a_crashed_strategy_shows_the_agent_its_own_traceback():
     from mlgym_registry.backends.local import LocalBackend
-    from mlgym_registry.observation_kinds import observation_kind
+    from mlgym_registry.records.observation_kinds import observation_kind
 
     with LocalBackend(registry.spec("prisonersDilemma")) as env:
         env.reset()

@@ -14,8 +14,8 @@ from mlgym_registry.policies.human import HumanPolicy
 from mlgym_registry.policies.playbooks import PLAYBOOKS
 from mlgym_registry.policies.replay import ReplayPolicy
 from mlgym_registry.policies.scripted import ScriptedPolicy
+from mlgym_registry.records.trajectories import Step, Trajectory
 from mlgym_registry.specs import TaskSpec
-from mlgym_registry.trajectories import Step, Trajectory
 
 PARSER = StrictThoughtActionParser()
 STATUS = "\n(Current Step: {step}, Remaining Steps: {left})\n(Open file: n/a)\n(Current directory: /w)\nbash-$"
@@ -206,7 +206,7 @@ def test_scripted_prefers_lower_scores_when_the_task_says_so():
 @pytest.mark.slow
 def test_scripted_follows_the_task_a_multi_task_env_picks():
     from mlgym_registry import registry
-    from mlgym_registry.episode import run_episode
+    from mlgym_registry.episodes.episode import run_episode
 
     env = registry.make(tasks=["blotto", "battleOfSexes"])
     try:

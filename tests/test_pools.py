@@ -85,7 +85,7 @@ def test_a_dense_pool_under_llm_collector_plays_episodes_of_different_lengths_an
     from torchrl.collectors.llm import LLMCollector
     from torchrl.envs import AsyncEnvPool
 
-    from mlgym_registry.workers import warm_workers
+    from mlgym_registry.scale.workers import warm_workers
 
     before = descendants()
     # workers forked from a preloaded server (spawned ones cost several seconds each; test_training_shapes.py
@@ -151,10 +151,10 @@ def test_a_threading_pool_closes_every_env_and_its_sandbox():
 def test_a_multi_process_collector_over_envs_of_different_lengths_releases_everything_at_shutdown():
     from torchrl.collectors import Collector
 
-    from mlgym_registry.parallel import EnvFactory
+    from mlgym_registry.scale.parallel import EnvFactory
 
     before = descendants()
-    from mlgym_registry.workers import warm_workers
+    from mlgym_registry.scale.workers import warm_workers
 
     makers = [EnvFactory.from_spec(TASK, max_turns=turns) for turns in (1, 3)]
     with warm_workers():
@@ -172,7 +172,7 @@ def play_parallel(lengths: tuple[int, ...], steps: int, **options) -> None:
     TorchRL's collectors do), checking after each step which envs ended and every conversation's length."""
     from torchrl.envs import ParallelEnv
 
-    from mlgym_registry.workers import warm_workers
+    from mlgym_registry.scale.workers import warm_workers
 
     count = len(lengths)
     before = descendants()

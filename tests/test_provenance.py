@@ -12,9 +12,9 @@ import pytest
 from conftest import run_cli
 
 from mlgym_registry import registry
-from mlgym_registry.episode import run_episode
+from mlgym_registry.episodes.episode import run_episode
 from mlgym_registry.policies.human import HumanPolicy
-from mlgym_registry.trajectories import TrajectoryWriter
+from mlgym_registry.records.trajectories import TrajectoryWriter
 
 
 def run(tmp_path: Path, name: str, *args: str) -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import default_sigint, run_cli, run_python
 
-from mlgym_registry.ray_runtime import WORKER_PRIORITY_ENVIRONMENT
+from mlgym_registry.scale.ray_runtime import WORKER_PRIORITY_ENVIRONMENT
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
@@ -116,7 +116,7 @@ import json, time
 import ray
 from ray.cluster_utils import Cluster
 from mlgym_registry import registry
-from mlgym_registry.episode_runs import run_episodes
+from mlgym_registry.scale.runs import run_episodes
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
 worker_node = cluster.add_node(num_cpus=1)

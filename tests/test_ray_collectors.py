@@ -11,8 +11,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from mlgym_registry.parallel import TextPolicy  # noqa: E402
-from mlgym_registry.ray_collectors import (  # noqa: E402
+from mlgym_registry.scale.parallel import TextPolicy  # noqa: E402
+from mlgym_registry.scale.ray_collectors import (  # noqa: E402
     NodeResources,
     RayCollectorError,
     RayResourceError,
@@ -21,7 +21,7 @@ from mlgym_registry.ray_collectors import (  # noqa: E402
     ray_llm_collector,
     split_collector_kwargs,
 )
-from mlgym_registry.ray_runtime import RayConnectionError, ray_session  # noqa: E402
+from mlgym_registry.scale.ray_runtime import RayConnectionError, ray_session  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -146,7 +146,7 @@ def test_two_ray_collectors_play_episodes_with_the_scripted_policy(session):
 def test_ray_llm_collector_over_a_tiny_offline_model(session):
     from torchrl.modules.llm import TransformersWrapper
 
-    from mlgym_registry.tiny_model import tiny_model, tiny_tokenizer
+    from mlgym_registry.testing.tiny_model import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     policy = TransformersWrapper(tiny_model(tokenizer), tokenizer=tokenizer, input_mode="history", generate=True,

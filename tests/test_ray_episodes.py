@@ -18,10 +18,10 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from mlgym_registry import registry  # noqa: E402
-from mlgym_registry.episode import run_episode  # noqa: E402
-from mlgym_registry.episode_runs import run_episodes  # noqa: E402
+from mlgym_registry.episodes.episode import run_episode  # noqa: E402
 from mlgym_registry.policies import make_policy  # noqa: E402
-from mlgym_registry.ray_runtime import RayConnectionError, ray_session  # noqa: E402
+from mlgym_registry.scale.ray_runtime import RayConnectionError, ray_session  # noqa: E402
+from mlgym_registry.scale.runs import run_episodes  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

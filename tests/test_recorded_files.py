@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mlgym_registry import TaskSpec
-from mlgym_registry.observation_kinds import recorded_kind
-from mlgym_registry.recorded_files import first_windows, with_recorded_starters
+from mlgym_registry.records.observation_kinds import recorded_kind
+from mlgym_registry.records.recorded_files import first_windows, with_recorded_starters
 
 WINDOW = (
     "[File: /home/agent/workspace/strategy.py (3 lines total)]\n1:import random\n2:\n3:def row_strategy(h): return 0"

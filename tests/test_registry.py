@@ -193,7 +193,7 @@ def test_worker_without_the_registration_rebuilds_components_from_refs(task_file
 
 
 def test_unknown_override_keys_are_an_error_listing_the_valid_ones(task_file):
-    pytest.importorskip("mlgym_registry.chain")
+    pytest.importorskip("mlgym_registry.transforms.chain")
     with pytest.raises(InvalidOverrideError) as info:
         registry.make(load_task_yaml(task_file), max_step=3)
     message = str(info.value)

@@ -11,8 +11,8 @@ from outside_data import recorded_run_params
 from mlgym_registry import TaskFilesMissing, TaskSpec, registry
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.commands.replay import default_task, format_report, replay
-from mlgym_registry.observation_kinds import KINDS
-from mlgym_registry.trajectories import load_traj
+from mlgym_registry.records.observation_kinds import KINDS
+from mlgym_registry.records.trajectories import load_traj
 
 
 def write_traj(path: Path, responses: list[tuple[str, str]], environment: str = "mlgym_main") -> Path:

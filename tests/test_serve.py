@@ -79,7 +79,7 @@ def server(tmp_path_factory):
 def in_process():
     """A seeded episode of the scripted policy through ``registry.make``: its responses, turns and info."""
     from mlgym_registry import registry
-    from mlgym_registry.episode import run_episode
+    from mlgym_registry.episodes.episode import run_episode
     from mlgym_registry.policies import make_policy
 
     env = registry.make(TASK)
@@ -188,7 +188,7 @@ def test_non_loopback_host_without_token_is_refused_at_start():
 
 
 def test_token_file_readable_by_others_is_refused(tmp_path, monkeypatch):
-    from mlgym_registry.serving import ServingError, load_token
+    from mlgym_registry.faces.openenv import ServingError, load_token
 
     path = tmp_path / "token"
     path.write_text(TOKEN + "\n")

@@ -14,8 +14,8 @@ from conftest import write
 from mlgym_registry import TaskFilesMissing
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.local import sandbox as sandbox_mod
-from mlgym_registry.datasets import DATA_ENV, data_folders, prepare_data
 from mlgym_registry.errors import BackendUnavailable
+from mlgym_registry.preparation.datasets import DATA_ENV, data_folders, prepare_data
 from mlgym_registry.testing import check_task, run_evaluator
 
 TASK = """\

@@ -18,11 +18,11 @@ from torchrl.envs.llm.transforms import PolicyVersion
 from torchrl.modules.llm import TransformersWrapper
 
 from mlgym_registry import EnvMisuseError, TaskSpec, registry
-from mlgym_registry.episode import run_episode
+from mlgym_registry.episodes.episode import run_episode
 from mlgym_registry.options import InvalidOptionError
 from mlgym_registry.policies.transformers import TransformersPolicy
-from mlgym_registry.tiny_model import save_tiny_checkpoint, tiny_model, tiny_tokenizer
-from mlgym_registry.trajectories import TrajectoryWriter, load_traj
+from mlgym_registry.records.trajectories import TrajectoryWriter, load_traj
+from mlgym_registry.testing.tiny_model import save_tiny_checkpoint, tiny_model, tiny_tokenizer
 from mlgym_registry.transforms.context_policy import outcome_of
 from mlgym_registry.transforms.tokens import TemplateNotPrefixPreserving
 

@@ -25,7 +25,7 @@ from mlgym_registry.components.tool_calling import (
     tool_schemas,
 )
 from mlgym_registry.policies import make_policy
-from mlgym_registry.trajectories import load_results, load_traj
+from mlgym_registry.records.trajectories import load_results, load_traj
 
 pytest.importorskip("openai")
 
@@ -191,7 +191,7 @@ def test_an_episode_of_native_tool_calls_edits_validates_submits_and_replays(tmp
 def test_tokens_mode_renders_tools_calls_and_tool_messages_through_the_chat_template():
     from torchrl.data.llm.history import _CHAT_TEMPLATES
 
-    from mlgym_registry.tiny_model import tiny_tokenizer
+    from mlgym_registry.testing.tiny_model import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = _CHAT_TEMPLATES["qwen"]  # renders tools, tool_calls and tool messages

@@ -16,7 +16,7 @@ from torchrl.envs.utils import check_env_specs
 
 from mlgym_registry import EnvMisuseError, PolicyOutputError, TaskSpec, registry
 from mlgym_registry.options import InvalidOptionError
-from mlgym_registry.tiny_model import tiny_model, tiny_tokenizer
+from mlgym_registry.testing.tiny_model import tiny_model, tiny_tokenizer
 from mlgym_registry.transforms.layout import LAYOUTS
 
 SPEC = TaskSpec(id="shapeTask", description="Improve the strategy.", baseline_scores=[{"Score": 1.0}], max_steps=30)
@@ -89,9 +89,9 @@ def test_seed_layout_keeps_the_reference_shapes(made):
 
 
 def test_batch_sizes_of_several_episodes_are_refused_with_the_way_to_run_several(made):
-    with pytest.raises(InvalidOptionError, match="batch_size must be a shape of one element"):
+    with pytest.raises(InvalidOptionError, match=r"batch_size \(a chain option\) must be a shape of one element"):
         make(batch_size=(2,))
-    with pytest.raises(InvalidOptionError, match="input_mode must be 'history', 'text' or 'tokens'"):
+    with pytest.raises(InvalidOptionError, match=r"input_mode \(a chain option\) must be 'history', 'text' or 'tokens'"):
         make(input_mode="chat")
 
 
@@ -285,7 +285,7 @@ def test_factories_work_in_spawned_workers_with_torchrl_defaults():
     from torchrl.collectors.llm import LLMCollector
     from torchrl.envs import AsyncEnvPool
 
-    from mlgym_registry.parallel import EnvFactory
+    from mlgym_registry.scale.parallel import EnvFactory
 
     before = set(multiprocessing.active_children())  # the session's background replays run in worker processes
     pool = AsyncEnvPool([functools.partial(registry.make, "prisonersDilemma")] * 2, backend="multiprocessing")

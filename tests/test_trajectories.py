@@ -8,7 +8,7 @@ import pytest
 from conftest import recorded_results
 from outside_data import recorded_run_params
 
-from mlgym_registry.trajectories import (
+from mlgym_registry.records.trajectories import (
     STEP_KEYS,
     Step,
     TrajectoryError,

@@ -15,7 +15,7 @@ from standin import registered_standin  # noqa: E402
 from torchrl.modules.llm import TransformersWrapper  # noqa: E402
 
 from mlgym_registry import TaskSpec, registry  # noqa: E402
-from mlgym_registry.tiny_model import tiny_model, tiny_tokenizer  # noqa: E402
+from mlgym_registry.testing.tiny_model import tiny_model, tiny_tokenizer  # noqa: E402
 
 PENALTY = -1.0
 

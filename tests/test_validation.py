@@ -9,7 +9,7 @@ import pytest
 
 from mlgym_registry import InvalidOverrideError, hookimpl, registry
 from mlgym_registry.backends.local import LocalBackend
-from mlgym_registry.episode import run_episode
+from mlgym_registry.episodes.episode import run_episode
 from mlgym_registry.options import InvalidOptionError, UnknownOptionError, positive_number
 from mlgym_registry.policies import make_policy
 

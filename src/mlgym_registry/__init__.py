@@ -73,6 +73,8 @@ def spec(name: Any) -> TaskSpec:
     return registry.spec(name)
 
 
-from .gym_registration import install_hook as _install_gymnasium_hook  # noqa: E402 - once the package is complete
+from . import _moved  # noqa: E402
+from .faces.gymnasium_registration import install_hook as _install_gymnasium_hook  # noqa: E402 - once complete
 
+_moved.install()
 _install_gymnasium_hook()

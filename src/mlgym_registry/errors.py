@@ -87,7 +87,7 @@ class InvalidTaskError(MLGymRegistryError, ValueError):
 class MissingTaskPackages(InvalidTaskError):
     """A task needs packages that the interpreter it would run with lacks, and no prepared environment has them. The
     message names the task, the packages and the command that prepares an environment with them
-    (``mlgym-registry prepare TASK``; see ``mlgym_registry.environments``)."""
+    (``mlgym-registry prepare TASK``; see ``mlgym_registry.preparation.virtualenvs``)."""
 
     def __init__(self, task: str, missing: Iterable[str], python: str, command: str):
         self.task, self.missing, self.python, self.command = task, list(missing), python, command

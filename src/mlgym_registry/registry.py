@@ -278,7 +278,7 @@ class Registry:
         The task's ``max_steps``, ``training_timeout`` and backend options (the spec's merged with the overrides) are
         checked here, before any component but the backend's factory is loaded, and no backend is made.
         """
-        from .chain import CHAIN_OPTIONS
+        from .transforms.chain import CHAIN_OPTIONS
 
         spec = self.spec(name)
         changes = {k: overrides.pop(k) for k in list(overrides) if k in COMPONENT_KINDS + SPEC_OVERRIDES}
@@ -363,7 +363,7 @@ class Registry:
         names = [name] if tasks is None else list(tasks)
         if not names:
             raise TypeError("make(tasks=[...]) needs at least one task")
-        from .chain import CHAIN_OPTION_RULES, build_env
+        from .transforms.chain import CHAIN_OPTION_RULES, build_env
 
         validate_overrides(overrides, CHAIN_OPTION_RULES)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mlgym_registry.regular_files import MAX_FILE_BYTES, FileTooLarge, read_regular
+from mlgym_registry.records.regular_files import MAX_FILE_BYTES, FileTooLarge, read_regular
 
 pytestmark = pytest.mark.security
 

@@ -16,7 +16,7 @@ import pytest
 
 from mlgym_registry import registry
 from mlgym_registry.cli import main as cli_main
-from mlgym_registry.record_trust import split_record
+from mlgym_registry.records.trust import split_record
 
 from .helpers import PACKAGE_TASK_DATA
 

@@ -15,10 +15,10 @@ import pytest
 
 from mlgym_registry import registry
 from mlgym_registry.components.rewards import failure_reward
-from mlgym_registry.episode import run_episode
+from mlgym_registry.episodes.episode import run_episode
 from mlgym_registry.policies.base import Policy, fenced
+from mlgym_registry.records.trajectories import TrajectoryWriter
 from mlgym_registry.specs import TaskSpec
-from mlgym_registry.trajectories import TrajectoryWriter
 
 pytestmark = pytest.mark.security
 

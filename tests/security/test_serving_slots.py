@@ -31,7 +31,7 @@ class AppServer:
     def __init__(self, **options):
         import uvicorn
 
-        from mlgym_registry.serving import create_app
+        from mlgym_registry.faces.openenv import create_app
 
         self.server = uvicorn.Server(uvicorn.Config(create_app([TASK], **options), host="127.0.0.1", port=0,
                                                     log_level="warning"))

@@ -85,12 +85,12 @@ def main(args: argparse.Namespace) -> int:
     model = suite.safe_name(args.model_name) if args.model_name else suite.policy_model_name(args.policy)
     engine = None
     if args.ray is not None:
-        from ..ray_runtime import import_ray
+        from ..scale.ray_runtime import import_ray
 
         import_ray()
         engine = "ray"
     elif args.num_envs > 1:
-        from ..workers import start_worker_server
+        from ..scale.workers import start_worker_server
 
         engine = "process"
         start_worker_server()  # the workers' server imports torch and TorchRL while this process goes on
@@ -101,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
     bar = None if args.quiet else SuiteBar(len(runs), model)
     runtime = contextlib.nullcontext()
     if engine == "ray":  # one runtime for the whole suite, not one per batch of runs
-        from ..ray_runtime import ray_session
+        from ..scale.ray_runtime import ray_session
 
         runtime = ray_session(args.ray or None)
     started = time.monotonic()
@@ -137,7 +137,7 @@ def check_replayed_record(policy: str, specs: list, options: dict) -> None:
     """A ``replay:PATH`` policy plays the recorded actions only: nothing else is taken from the run's record, and a
     record whose backend options differ from the ones each task is benched with refuses the suite
     (``RecordedSettingsRefused``) until ``-o KEY=VALUE`` passes them again (``record_trust``)."""
-    from ..record_trust import TypedSettings, check_record, read_record
+    from ..records.trust import TypedSettings, check_record, read_record
 
     kind, _, path = str(policy).partition(":")
     settings = read_record(path) if kind == "replay" and path else None

@@ -42,7 +42,7 @@ def prepare_task(task: str, *, force: bool = False, data_dir: str | None = None)
 
 def list_environments() -> None:
     """One block per prepared environment: its key and folder, its requirements, the registered tasks using it."""
-    from ..environments import environments_folder, prepared_environments, tasks_by_environment
+    from ..preparation.virtualenvs import environments_folder, prepared_environments, tasks_by_environment
 
     found = prepared_environments()
     if not found:

@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..record_trust import RecordSettings, TypedSettings, check_record, read_record
-from ..recorded_files import first_windows, task_kept, with_recorded_starters
-from ..regular_files import split_regular
+from ..records.recorded_files import first_windows, task_kept, with_recorded_starters
+from ..records.regular_files import split_regular
+from ..records.trajectories import load_recorded
+from ..records.trust import RecordSettings, TypedSettings, check_record, read_record
 from ..tasks.mlgym_metrics import mlgym_ranking_metric
 from ..terminal import printable
-from ..trajectories import load_recorded
 from .out_folder import OutFolder, default_out
 from .run import (
     add_backend_option_argument,
@@ -154,11 +154,11 @@ def replay(trajectory_path: Path, task: str, out: Path, *, max_steps: int | None
     ``options`` are backend options. Replayed edits can land on other lines than in the recorded run and so make
     a strategy that never ends: a shorter ``training_timeout`` (seconds per evaluation) keeps such a replay short.
     """
-    from ..episode import run_episode
-    from ..observation_kinds import observation_kind, recorded_kind
+    from ..episodes.episode import run_episode
     from ..policies.replay import ReplayPolicy
+    from ..records.observation_kinds import observation_kind, recorded_kind
+    from ..records.trajectories import TrajectoryWriter, atomic_write_json
     from ..registry import registry
-    from ..trajectories import TrajectoryWriter, atomic_write_json
 
     recorded = load_recorded(Path(trajectory_path))
     spec = with_changes(registry.spec(task), max_steps=max_steps, training_timeout=training_timeout, options=options,

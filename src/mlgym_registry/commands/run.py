@@ -188,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
         raise InvalidOptionError(f"--cpus-per-env {args.cpus_per_env:g}: each actor needs a CPU share above 0 "
                                  f"(e.g. 0.5)")
     if args.ray is not None:
-        from ..ray_runtime import import_ray
+        from ..scale.ray_runtime import import_ray
 
         import_ray()  # without the extra: say how to install it, before any folder is made
     elif args.cpus_per_env is not None:
@@ -208,7 +208,7 @@ def apply_recorded_settings(args: argparse.Namespace) -> None:
     The backend and its options stay the command line's and the task's (``record_trust``): a record that sets them
     otherwise refuses the run (``RecordedSettingsRefused``) until the command line passes them again.
     """
-    from ..record_trust import check_record, read_record
+    from ..records.trust import check_record, read_record
     from ..registry import registry
     from .replay import typed_settings
 
@@ -234,7 +234,7 @@ def check_policy(text: str) -> None:
     options are wrong (or whose package is missing), before anything is written."""
     kind, _, argument = text.partition(":")
     if kind == "replay" and argument:
-        from ..trajectories import load_recorded
+        from ..records.trajectories import load_recorded
 
         load_recorded(Path(argument))
     if kind == "openai":
@@ -245,10 +245,10 @@ def check_policy(text: str) -> None:
 
 def run_one(spec, args: argparse.Namespace, out: Path, stream: TextIO | None = None) -> int:
     """One episode in this process, shown turn by turn."""
-    from ..episode import run_episode
+    from ..episodes.episode import run_episode
     from ..policies import make_policy
+    from ..records.trajectories import TrajectoryWriter
     from ..registry import registry
-    from ..trajectories import TrajectoryWriter
 
     stream = stream or sys.stdout
     policy = make_policy(policy_text(args), task_id=spec.id)
@@ -315,11 +315,11 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
     the number of episodes that did not end (0 when all did)."""
     engine = "process" if args.ray is None else "ray"
     if engine == "process":
-        from ..workers import start_worker_server
+        from ..scale.workers import start_worker_server
 
         # the workers' server imports torch and TorchRL while this process does the same, on another core
         start_worker_server()
-    from ..episode_runs import run_episodes
+    from ..scale.runs import run_episodes
 
     if engine == "process":
         check_endpoint(policy_text(args))
@@ -348,7 +348,7 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
 def report_lost(results: list, per_env: int) -> None:
     """Say on stderr which episodes the run's machinery lost (``infra_error``: a worker died or raised, steps never
     arrived), so that a run that lost anything says so beside its non-zero exit status."""
-    from ..frame_receiver import is_infra_failure
+    from ..scale.frame_receiver import is_infra_failure
 
     lost = [(position, result) for position, result in enumerate(results) if is_infra_failure(result)]
     if not lost:

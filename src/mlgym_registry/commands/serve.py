@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Check the settings, then serve until SIGTERM or Ctrl-C; 0 after a clean stop."""
     try:
-        from .. import serving
+        from ..faces import openenv as serving
     except ImportError as exc:
         raise InvalidOptionError(f"{EXTRA_HINT} ({exc})") from exc
 
@@ -83,7 +83,7 @@ def run_server(app: Any, args: argparse.Namespace) -> int:
     """Serve ``app`` with uvicorn in this process until SIGTERM or Ctrl-C, then close every session."""
     import uvicorn
 
-    from ..serving import close_all
+    from ..faces.openenv import close_all
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

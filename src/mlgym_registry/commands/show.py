@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Print the conversation of the ``.traj``."""
-    from ..conversation import print_conversation
-    from ..trajectories import load_recorded
+    from ..records.conversation import print_conversation
+    from ..records.trajectories import load_recorded
 
     print_conversation(load_recorded(Path(args.traj)), max_chars=args.max_chars)
     return 0

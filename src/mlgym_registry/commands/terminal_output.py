@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TextIO
 from ..terminal import printable
 
 if TYPE_CHECKING:
-    from ..episode import Turn
+    from ..episodes.episode import Turn
 
 OBSERVATION_LINES = 4
 OBSERVATION_WIDTH = 100

@@ -165,7 +165,7 @@ def _as_played(spec: Any, runs: Sequence[Run]) -> Any:
 
 def starter_score(spec: Any, seed: int, metric: str, timeout: float) -> tuple[float | None, str | None]:
     """The starter code's ``metric`` in an episode seeded ``seed`` that only submits; (None, why) on failure."""
-    from ..episode import run_episode
+    from ..episodes.episode import run_episode
     from ..registry import registry
 
     env = None

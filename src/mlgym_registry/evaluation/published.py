@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..regular_files import read_regular_text
+from ..records.regular_files import read_regular_text
 from .metrics import Leaderboard, Score
 
 TABLES_DIR = Path("results", "tables")

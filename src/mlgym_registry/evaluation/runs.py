@@ -30,7 +30,7 @@ from typing import Any
 
 from ..bounded_json import JSONTooDeep
 from ..bounded_json import loads as load_json
-from ..regular_files import IrregularFile, open_regular, read_regular
+from ..records.regular_files import IrregularFile, open_regular, read_regular
 from .tasks import model_name
 
 RESULTS = "results.json"

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ..clock import now
 from ..errors import MLGymRegistryError
+from ..records.clock import now
 from ..specs import TaskSpec
 
 SETTINGS = "settings.json"
@@ -166,7 +166,7 @@ def describe(changes: Sequence[tuple[str, Any, Any]]) -> str:
 
 def read(path: Path) -> dict[str, Any] | None:
     """A ``settings.json`` as a dict; None when absent or unreadable."""
-    from ..regular_files import read_regular_text
+    from ..records.regular_files import read_regular_text
 
     try:
         data = json.loads(read_regular_text(path, within=Path(path).parent))  # never a FIFO, device or outside link
@@ -177,7 +177,7 @@ def read(path: Path) -> dict[str, Any] | None:
 
 def write(path: Path, data: Mapping[str, Any]) -> None:
     """Write a ``settings.json`` atomically."""
-    from ..trajectories import atomic_write_json
+    from ..records.trajectories import atomic_write_json
 
     atomic_write_json(Path(path), json.loads(json.dumps(data, default=str)))
 

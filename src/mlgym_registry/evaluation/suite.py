@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..episode import EpisodeResult
-from ..policies.base import Policy
+from ..episodes.episode import EpisodeResult
+from ..policies.give_up import GiveUpWithExitApi
 from ..specs import TaskSpec
 
 RUN_FOLDER = re.compile(r"^(?P<model>.+?)__(?P<task>.+)__run_(?P<number>\d+)$")
@@ -233,10 +233,10 @@ def _play_run(run: SuiteRun, policy: str, seed: int | None, options: dict[str, A
 
 def _play_here(run: SuiteRun, policy_text: str, seed: int | None, options: dict[str, Any] | None,
                on_turn: Callable[[float], None] | None = None) -> EpisodeResult:
-    from ..episode import run_episode
+    from ..episodes.episode import run_episode
     from ..policies import make_policy
+    from ..records.trajectories import TrajectoryWriter
     from ..registry import registry
-    from ..trajectories import TrajectoryWriter
 
     writer = TrajectoryWriter(run.folder, task_stem(run.spec.id), baseline=run.spec.baseline,
                               environment=f"mlgym_registry:{run.spec.backend}")
@@ -267,52 +267,6 @@ def _cost_of(info: dict[str, Any] | None) -> float:
     """The ``task_cost`` of an episode's ``info`` so far (0 when its policy keeps no usage)."""
     cost = ((info or {}).get("model_stats") or {}).get("task_cost")
     return float(cost) if isinstance(cost, (int, float)) else 0.0
-
-
-class GiveUpWithExitApi(Policy):
-    """A policy that answers MLGym's ``exit_api`` (which autosubmits) once the policy it wraps gives up
-    (``PolicyError``), and keeps why in ``error``: what a worker process does (``parallel.TextPolicy``), so one run at a
-    time fails the same way as several at once."""
-
-    def __init__(self, policy: Policy):
-        self.policy = policy
-        self.name = policy.name
-        self.version = policy.version
-        self.error = ""
-
-    def reset(self, spec: Any = None) -> None:
-        """Start a new episode."""
-        self.error = ""
-        self.policy.reset(spec)
-
-    def respond(self, messages: Any) -> str:
-        """The wrapped policy's answer, or ``exit_api`` once it gave up."""
-        from ..parallel import GAVE_UP_RESPONSE
-        from ..policies.base import PolicyError
-
-        if self.error:
-            return GAVE_UP_RESPONSE
-        try:
-            return self.policy(messages)
-        except PolicyError as exc:
-            self.error = f"{type(exc).__name__}: {exc}"
-            return GAVE_UP_RESPONSE
-
-    def last_generation(self) -> Any:
-        """The wrapped policy's (None after it gave up)."""
-        return None if self.error else self.policy.last_generation()
-
-    def last_call(self) -> dict[str, Any] | None:
-        """The wrapped policy's (None after it gave up)."""
-        return None if self.error else self.policy.last_call()
-
-    def stats(self) -> dict[str, Any] | None:
-        """The wrapped policy's usage."""
-        return self.policy.stats()
-
-    def close(self) -> None:
-        """Close the wrapped policy."""
-        self.policy.close()
 
 
 def _start_record(run: SuiteRun, record: dict[str, Any], seed: int | None, pid: int | None = None) -> None:
@@ -359,7 +313,7 @@ def _play_pooled(pending: Sequence[SuiteRun], policy: str, num_envs: int, seed: 
     pending one at once, whatever its task, so there is no wait between tasks. Each worker records its runs itself
     (``_play_job``), exactly as a run played here is recorded; a worker that dies fails only its run and is
     replaced."""
-    from ..workers import WorkerPool
+    from ..scale.workers import WorkerPool
 
     queue = list(reversed(pending))
     running: dict[int, SuiteRun] = {}
@@ -481,7 +435,7 @@ def _play_batches(pending: Sequence[SuiteRun], policy: str, num_envs: int, addre
 def _play_many(group: list[SuiteRun], policy: str, engine: str, address: str | None, seed: int | None,
                options: dict[str, Any] | None, progress: SuiteProgress,
                on_progress: ProgressCallback | None) -> list[EpisodeResult]:
-    from ..episode_runs import run_episodes
+    from ..scale.runs import run_episodes
 
     out = group[0].folder.parent
     steps_before = progress.steps

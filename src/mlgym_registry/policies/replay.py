@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..trajectories import Step, Trajectory, load_traj
+from ..records.trajectories import Step, Trajectory, load_traj
 from .base import Messages, Policy, PolicyExhausted, fenced
 
 SPECIAL_ACTIONS = ("exit_context", "exit_cost", "exit_error", "exit_format", "exit_api", "exit_forfeit", "skip")

@@ -28,7 +28,7 @@ ENTRYPOINTS = ("PythonSubmissionTasks", "CSVSubmissionTasks")
 def run_baseline(spec: TaskSpec, seed: int | None = None) -> dict[str, float]:
     """Score the task's baseline once, as ``check`` and ``validate`` score it (``evaluator_runs.score_starter``: a
     sandboxed workspace, the baseline program, then the pristine evaluator with the evaluator's seed ``seed``)."""
-    from ..evaluator_runs import score_starter
+    from .evaluator_runs import score_starter
 
     return score_starter(spec, seed=seed)
 

@@ -90,8 +90,9 @@ EXTRAS: dict[str, dict[str, object]] = {
         ),
     },
 }
-"""Task extras we add (see ``mlgym_registry.datasets.prepare_data`` and ``mlgym_registry.evaluator_runs``): how to
-make a task's data from what its repository ships, the baseline program of a task whose file names none, and why a
+"""Task extras we add (see ``mlgym_registry.preparation.datasets.prepare_data`` and
+``mlgym_registry.tasks.evaluator_runs``): how to make a task's data from what its repository ships, the baseline
+program of a task whose file names none, and why a
 published baseline cannot be reproduced from a checkout's data."""
 
 

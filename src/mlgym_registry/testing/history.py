@@ -26,7 +26,7 @@ def check_history_processor(processor: Callable[[list[dict[str, str]]], Any]) ->
     """Check a history processor on conversations of 0 to 60 turns: it returns a non-empty list of ``{"role",
     "content"}`` dicts with known roles, ends with the latest message unchanged (the policy must see the output of its
     last command), leaves its input as it was, and gives the same view when asked twice."""
-    from ..output_checks import bad_message
+    from ..components.output_checks import bad_message
 
     what = f"history processor {_name(processor)}"
     for turns in (0, 1, 6, 60):

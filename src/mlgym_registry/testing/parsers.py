@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..components.output_checks import ORDINARY_REPLIES
 from ..errors import FormatError
-from ..output_checks import ORDINARY_REPLIES
 from ._common import GROWTH_MARGIN as GROWTH_MARGIN
 from ._common import LENGTHS as LENGTHS
 from ._common import MEGABYTE as MEGABYTE

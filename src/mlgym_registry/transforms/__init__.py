@@ -1,41 +1,49 @@
 """The TorchRL transforms of the chain ``make`` builds, one module per stage, over a ``BackendEnv``.
 
-``mlgym_registry.chain.build_env`` assembles them; they are exported here for anyone assembling a chain by hand.
+``mlgym_registry.transforms.chain.build_env`` assembles them; they are exported here for anyone assembling a chain
+by hand.
+
+The names load on first use (PEP 562), so that ``transforms.chain``'s option rules, which ``registry.make`` checks
+first, cost no torch import.
 """
 
-from .action_isolator import ActionIsolator
-from .backend_env import BackendEnv
-from .chat_batch import ChatBatch
-from .chat_template import ChatTemplate
-from .context_policy import ContextPolicy
-from .group_key import GroupKey
-from .history_view import HistoryView
-from .layout import LAYOUTS, Layout
-from .message_to_history import MessageToHistory
-from .read_state import ReadState
-from .reset_module import ResetModule
-from .retry_skip import RetrySkip
-from .reward_assigner import RewardAssigner
-from .state_to_message import StateToMessage
-from .task_sampler import TaskSampler
-from .tokens import TokensPrompt
+from __future__ import annotations
 
-__all__ = [
-    "LAYOUTS",
-    "ActionIsolator",
-    "BackendEnv",
-    "ChatBatch",
-    "ChatTemplate",
-    "ContextPolicy",
-    "GroupKey",
-    "HistoryView",
-    "Layout",
-    "MessageToHistory",
-    "ReadState",
-    "ResetModule",
-    "RetrySkip",
-    "RewardAssigner",
-    "StateToMessage",
-    "TaskSampler",
-    "TokensPrompt",
-]
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "ActionIsolator": "action_isolator",
+    "BackendEnv": "backend_env",
+    "ChatBatch": "chat_batch",
+    "ChatTemplate": "chat_template",
+    "ContextPolicy": "context_policy",
+    "GroupKey": "group_key",
+    "HistoryView": "history_view",
+    "LAYOUTS": "layout",
+    "Layout": "layout",
+    "MessageToHistory": "message_to_history",
+    "ReadState": "read_state",
+    "ResetModule": "reset_module",
+    "RetrySkip": "retry_skip",
+    "RewardAssigner": "reward_assigner",
+    "StateToMessage": "state_to_message",
+    "TaskSampler": "task_sampler",
+    "TokensPrompt": "tokens",
+}
+"""Each exported name and the module of this package that defines it."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

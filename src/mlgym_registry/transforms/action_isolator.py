@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tensordict import TensorDictBase
 
-from .. import output_checks
+from ..components import output_checks
 from ..components.isolators import replace_lone_surrogates
 from ..errors import FormatError
 from .base import ASSISTANT_KEY, FORMAT_ERROR_KEY, ChainTransform, missing_response, text_of

@@ -25,7 +25,7 @@ from ..backends.protocol import (
     infer_evaluation_status,
     new_info,
 )
-from ..episode_rules import MAX_FORMAT_ERRORS
+from ..episodes.rules import MAX_FORMAT_ERRORS
 from ..specs import ResolvedTask
 from .layout import Layout, set_spec
 

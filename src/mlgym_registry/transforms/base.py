@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import Transform
 
-from .. import output_checks
+from ..components import output_checks
 from ..components.template_set import TemplateSet
 from ..components.templates import format_reply_instructions
 from .backend_env import BackendEnv, task_fields

@@ -15,7 +15,7 @@ from typing import Any
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from torchrl.data import Composite
 
-from .. import output_checks
+from ..components import output_checks
 from .base import ChainTransform
 from .history import MessageStack, history_from, history_spec, message
 from .layout import set_entry, set_spec

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tensordict import TensorDictBase
 
-from ..output_checks import call_reward
+from ..components.output_checks import call_reward
 from .base import ChainTransform, is_retry, text_of
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from tensordict import TensorDictBase
 from torchrl.data import Composite, NonTensor
 
-from .. import output_checks
+from ..components import output_checks
 from ..components.templates import format_error_message
 from .base import FORMAT_ERROR_KEY, ChainTransform, is_retry, text_of
 from .layout import Layout

@@ -80,9 +80,10 @@ class LocalBackend:
     shell and the evaluator use, e.g. a virtual environment with the task's packages, as MLGym's conda environment
     would have them; default the task's: see ``task_python``), ``sandbox`` (``"bwrap"``, the default, or ``"none"`` to
     run unsandboxed: unsafe, for trusted policies only), ``data_dir`` (a folder, or several separated by ``os.pathsep``,
-    searched first for the task's local datasets; see ``mlgym_registry.datasets``), ``gpus`` (show the host's NVIDIA
-    devices and driver libraries to the sandbox; see ``sandbox.gpu_devices``), ``trust_agent_code`` (run a task whose
-    evaluator imports the agent's code into its own process, ``agent_code_in_evaluator``: its scores can be forged).
+    searched first for the task's local datasets; see ``mlgym_registry.preparation.datasets``), ``gpus`` (show the
+    host's NVIDIA devices and driver libraries to the sandbox; see ``sandbox.gpu_devices``), ``trust_agent_code``
+    (run a task whose evaluator imports the agent's code into its own process, ``agent_code_in_evaluator``: its
+    scores can be forged).
     """
 
     option_rules = LOCAL_OPTION_RULES

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 
-from ... import datasets as datasets_mod
-from ...environments import task_python
 from ...errors import BackendUnavailable, TaskFilesMissing
+from ...preparation import datasets as datasets_mod
+from ...preparation.virtualenvs import task_python
 from ...specs import TaskSpec
 from . import sandbox as sandbox_mod
 

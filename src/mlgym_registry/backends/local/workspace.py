@@ -8,8 +8,8 @@ import shutil
 import stat
 from pathlib import Path
 
-from ... import datasets as datasets_mod
 from ...errors import TaskFilesMissing
+from ...preparation import datasets as datasets_mod
 from ...specs import TaskSpec
 from . import trees
 from .evaluation import force_rmtree

@@ -1,0 +1,23 @@
+"""``prepare``: make a task ready to run offline, its Python environment (``virtualenvs``) and then its data
+(``datasets``). What ``mlgym-registry prepare`` runs; each of the two modules knows nothing of the other."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..specs import TaskSpec
+from .datasets import prepare_data
+from .virtualenvs import Echo, load_task, prepare_environment
+
+
+def prepare(task: TaskSpec | str | os.PathLike[str], *, force: bool = False, pip_args: Sequence[str] = (),
+            data_dir: str | None = None, echo: Echo = print) -> Path:
+    """Make a task ready to run offline: its Python environment (``prepare_environment``), then its data when it has
+    a recipe for it (``mlgym_registry.preparation.datasets.prepare_data``, run with that environment's interpreter, into
+    ``data_dir`` or the first data folder). Returns the task's interpreter."""
+    spec = load_task(task)
+    python = prepare_environment(spec, force=force, pip_args=pip_args, echo=echo)
+    prepare_data(spec, str(python), data_dir, force=force, echo=echo)
+    return python

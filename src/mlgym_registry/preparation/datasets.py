@@ -1,0 +1,158 @@
+"""Where a task's local datasets are found: a data folder first, then where the task file says.
+
+A task file names each local dataset's folder (``data_path``), relative to the task's root. Many task suites do not
+ship their data with their task files (MLGym prepares some outside its repository, and Kaggle-style answers are
+better kept apart), so every local dataset is looked for, in order, in:
+
+1. the backend's ``data_dir`` option (one folder, or several separated by ``os.pathsep``);
+2. ``$MLGYM_REGISTRY_DATA`` (the same form);
+3. ``~/.cache/mlgym-registry/data`` (``$XDG_CACHE_HOME`` respected), where ``mlgym-registry prepare`` writes data it
+   generates;
+4. the task's own ``data_path``.
+
+In a data folder, a dataset sits at the same relative path as in the task's root (for example
+``<data folder>/data/titanic/data`` for MLGym's Titanic task), so a folder can hold the data of a whole suite and a
+user can replace one file of a dataset (real labels, say) by putting a complete copy of the dataset there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import TaskFilesMissing
+from ..specs import TaskSpec
+
+DATA_ENV = "MLGYM_REGISTRY_DATA"
+PREPARE_KEY = "prepare_data"
+"""A task's ``extra`` entry saying how to make its data: ``{"script": ..., "output": ...}``, both relative to the
+task's root: ``python <script>`` run in a scratch copy of the script's folder makes the folder ``output``."""
+
+
+def default_data_folder() -> Path:
+    """The data folder ``prepare`` writes to: ``$XDG_CACHE_HOME/mlgym-registry/data`` or ``~/.cache/...``."""
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "mlgym-registry" / "data"
+
+
+def data_folders(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The data folders to search, in order: ``data_dir``, ``$MLGYM_REGISTRY_DATA``, the default one."""
+    folders: list[Path] = []
+    for value in (data_dir, os.environ.get(DATA_ENV)):
+        if value:
+            folders += [Path(part).expanduser() for part in str(value).split(os.pathsep) if part.strip()]
+    folders.append(default_data_folder())
+    return list(dict.fromkeys(folders))
+
+
+def relative_data_path(spec: TaskSpec, dataset: dict[str, Any]) -> Path | None:
+    """A local dataset's folder relative to the task's root, or None when the task file gave an absolute path
+    outside it."""
+    written = dataset.get("data_path")
+    if not written:
+        return None
+    path = Path(str(written))
+    if not path.is_absolute():
+        return path
+    if spec.root and path.is_relative_to(spec.root):
+        return path.relative_to(spec.root)
+    return None
+
+
+def dataset_candidates(spec: TaskSpec, dataset: dict[str, Any], data_dir: str | None = None) -> list[Path]:
+    """Every place a local dataset may be, in the order they are tried."""
+    relative = relative_data_path(spec, dataset)
+    places = [folder / relative for folder in data_folders(data_dir)] if relative is not None else []
+    if dataset.get("data_path"):
+        places.append(spec.resolve_path(str(dataset["data_path"])))
+    return list(dict.fromkeys(places))
+
+
+def find_local_dataset(spec: TaskSpec, dataset: dict[str, Any], data_dir: str | None = None) -> Path:
+    """The folder (or file) of a local dataset: the first candidate that exists, else ``TaskFilesMissing`` naming
+    where to put it and, when the task can make its data, the command that does."""
+    from .virtualenvs import prepare_command
+
+    places = dataset_candidates(spec, dataset, data_dir)
+    for place in places:
+        if place.exists():
+            return place
+    name = dataset.get("name", "")
+    shown = "\n".join(f"  {place}" for place in places)
+    hint = (f" {prepare_command(spec)} makes it." if spec.extra.get(PREPARE_KEY) else
+            f" Put the files in a data folder at the same relative path (pass data_dir=... to the backend or set "
+            f"{DATA_ENV}).")
+    raise TaskFilesMissing(
+        f"task {spec.id!r}: the files of its local dataset {name!r} are not here; looked in:\n{shown}\n"
+        f"The task file's repository does not ship them.{hint}"
+    )
+
+
+def local_datasets(spec: TaskSpec) -> list[dict[str, Any]]:
+    """The task's datasets that are files (``is_local``) with a ``data_path``."""
+    return [d for d in spec.datasets if isinstance(d, dict) and d.get("is_local") and d.get("data_path")]
+
+
+def hub_datasets(spec: TaskSpec) -> list[str]:
+    """The names of the datasets the task loads by name from the Hugging Face hub (not local files)."""
+    return [str(d.get("data_path") or d.get("name")) for d in spec.datasets
+            if isinstance(d, dict) and not d.get("is_local")]
+
+
+
+def data_recipe(spec: TaskSpec) -> dict[str, str] | None:
+    """The task's ``prepare_data`` recipe, checked for shape; None when it has none."""
+    recipe = spec.extra.get(PREPARE_KEY)
+    if not recipe:
+        return None
+    if not isinstance(recipe, dict) or not recipe.get("script") or not recipe.get("output"):
+        raise TaskFilesMissing(f"task {spec.id!r}: prepare_data must be a mapping with 'script' and 'output' paths")
+    return {"script": str(recipe["script"]), "output": str(recipe["output"])}
+
+
+def prepare_data(spec: TaskSpec, python: str, data_dir: str | None = None, *, force: bool = False,
+                 timeout: float = 3600, echo=print) -> Path | None:
+    """Make the task's data with its ``prepare_data`` recipe, into the first data folder (``data_dir``, else
+    ``$MLGYM_REGISTRY_DATA``, else the default one), unless the dataset is found already (``force`` remakes it).
+
+    The script runs with ``python`` (the task's interpreter) in a scratch copy of its folder, at the same relative
+    path as in the task's root, so that paths like ``../data`` land where they would; only ``output`` is kept. The
+    task's root is never written to. Returns the folder made, or None when the task has no recipe.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+
+    recipe = data_recipe(spec)
+    if recipe is None:
+        return None
+    target = data_folders(data_dir)[0] / recipe["output"]
+    if target.exists() and not force:
+        echo(f"{spec.id}: data present at {target}")
+        return target
+    script = spec.resolve_path(recipe["script"])
+    if not script.is_file():
+        raise TaskFilesMissing(f"task {spec.id!r}: its data script {str(script)!r} does not exist")
+    relative_script = Path(recipe["script"])
+    with tempfile.TemporaryDirectory(prefix="mlgym-registry-data-") as scratch:
+        folder = Path(scratch) / relative_script.parent
+        shutil.copytree(script.parent, folder)
+        echo(f"{spec.id}: making its data with {relative_script} ...")
+        done = subprocess.run([python, script.name], cwd=folder, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        made = Path(scratch) / recipe["output"]
+        if done.returncode != 0 or not made.exists():
+            raise TaskFilesMissing(
+                f"task {spec.id!r}: {relative_script} did not make {recipe['output']} (exit {done.returncode}):\n"
+                f"{(done.stdout + done.stderr).strip()[-1500:]}"
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(made, staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    echo(f"{spec.id}: data made at {target}")
+    return target

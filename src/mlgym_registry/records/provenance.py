@@ -1,0 +1,97 @@
+"""What a recorded run says about how it was made: the ``"run"`` entry of its ``results.json`` and ``.traj``.
+
+A run records the task (the name it was asked for, its id, a hash of its spec and files), the components it ran
+with (name, distribution and version), the seed, ``max_steps`` and backend options, the policy (its kind, model,
+endpoint without credentials, sampling settings, the file a replay replays), the versions of Python and the packages
+its numbers depend on, and when it started and ended. No keys: an endpoint is recorded without user, password or
+query. With the seed, ``run --policy replay:PATH`` (and ``replay``) rebuild the run as it was on the same
+installation: the evaluator's seed is derived from the seed and the installation's key (see ``seeding.py``).
+
+A record read back may come from anywhere: readers take settings from it only through ``record_trust.split_record``,
+which lets it choose the task, components, seed and ``max_steps``, and never the backend or its options.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..specs import COMPONENT_KINDS, TaskSpec
+from .regular_files import read_regular_text
+
+KEY = "run"
+"""The key of the record in ``results.json`` and in the ``.traj``."""
+
+
+def component_record(kind: str, name: str) -> dict[str, Any]:
+    """``{"name", "distribution", "version"}`` of a registered component (distribution None when unknown)."""
+    from ..registry import registry
+
+    record: dict[str, Any] = {"name": name, "distribution": None, "version": None}
+    try:
+        info = registry.entry(kind, name).info()
+    except Exception:  # noqa: BLE001 - a component given by path or ref: its name is all there is to record
+        return record
+    record["distribution"] = info.distribution
+    if info.distribution:
+        try:
+            record["version"] = metadata.version(info.distribution)
+        except metadata.PackageNotFoundError:
+            pass
+    return record
+
+
+def policy_record(policy: Any) -> dict[str, Any]:
+    """The policy's kind, model, endpoint (without credentials), sampling settings and replayed file, as known."""
+    from ..evaluation.settings import public_endpoint
+
+    record: dict[str, Any] = {"name": getattr(policy, "name", type(policy).__name__)}
+    for attribute in ("model", "source"):
+        value = getattr(policy, attribute, None)
+        if value is not None:
+            record[attribute] = str(value)
+    url = getattr(policy, "url", None)
+    if url:
+        record["endpoint"] = public_endpoint(str(url))
+    sampling = getattr(policy, "sampling", None)
+    if isinstance(sampling, dict) and sampling:
+        record["sampling"] = dict(sampling)
+    return record
+
+
+def run_record(spec: TaskSpec, policy: Any, seed: int | None) -> dict[str, Any]:
+    """The record of a run of ``spec`` by ``policy`` with ``seed``, started now (``ended`` is set at its end)."""
+    from ..evaluation.settings import package_versions, task_hash
+    from .clock import now
+
+    return {
+        "task": {"name": spec.registered_as or spec.id, "id": spec.id, "hash": task_hash(spec),
+                 "file": spec.source},
+        "components": {kind: component_record(kind, getattr(spec, kind)) for kind in COMPONENT_KINDS},
+        "seed": seed,
+        "max_steps": spec.max_steps,
+        "backend_options": dict(spec.backend_options),
+        "policy": policy_record(policy),
+        "versions": package_versions(),
+        "started": now(precise=True),
+        "ended": None,
+    }
+
+
+def recorded_run(path: str | Path) -> dict[str, Any] | None:
+    """The ``"run"`` record of a recorded episode (its ``.traj``, or the ``results.json`` beside it or given),
+    None when it has none (MLGym's own runs, or ours from before records). Untrusted: take settings from it through
+    ``record_trust.split_record`` only."""
+    path = Path(path)
+    candidates = [path] if path.suffix == ".json" else [path, path.with_name("results.json")]
+    for candidate in candidates:
+        try:
+            data = json.loads(read_regular_text(candidate))  # never a FIFO or device beside the run
+        except (OSError, ValueError):
+            continue
+        record = data.get(KEY) if isinstance(data, dict) else None
+        if isinstance(record, dict):
+            return record
+    return None

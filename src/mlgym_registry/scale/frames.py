@@ -1,0 +1,168 @@
+"""What a worker process sends for each episode it plays (``Frame``), and the worker job that plays and sends them
+(``play_env``).
+
+A worker plays one env's episodes one after another (``EpisodePlayer``, as a run in one process does) and reports a
+frame at the start of each episode, one per turn and one at its end. Every frame names its env, its episode on that
+env and its place in the episode (``seq``: 0 for the start, ``k`` for turn ``k``, then the end), and the end frame
+says how many turns there were: the receiver (``frame_receiver``) can tell whether it got every step. A frame holds
+what the episode's writer would have written since the last frame (the new messages and the step), never the whole
+conversation, so a frame costs the same at turn 2 and at turn 200.
+
+Nothing here imports torch at import time: the process that receives the frames need not.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..specs import TaskSpec
+
+START, TURN, END, WARNING = "start", "turn", "end", "warning"
+"""The kinds of frame: an episode's start, one of its turns, its end; and a plugin problem seen in the worker."""
+
+Event = tuple
+"""A writer call to replay: ``("system"|"user", text)``, ``("tool", text, call_id)``, ``("step", Step, info)``,
+``("finish", info)`` or ``("fail", reason, info)``."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One message of a worker about one episode: env ``env``'s episode number ``episode``, its ``seq``-th frame."""
+
+    env: int
+    episode: int
+    seq: int
+    kind: str
+    events: tuple[Event, ...] = ()
+    """The writer calls since the previous frame, in order."""
+    turn: Any = None
+    """The ``Turn`` of a turn frame."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """A start frame's ``provenance`` and ``worker``; an end frame's ``turns`` (how many turn frames were sent),
+    ``finished``, ``stop_reason``, ``info``, ``error`` (what raised in the worker) and ``gave_up`` (why the policy gave
+    up); a warning's ``text``."""
+
+
+@dataclass(frozen=True)
+class EnvJob:
+    """What a worker needs to play env ``env``'s episodes ``episodes`` (numbers on that env), seeded ``seeds``."""
+
+    spec: dict[str, Any]
+    options: dict[str, Any]
+    policy: Any
+    env: int
+    episodes: tuple[int, ...]
+    seeds: tuple[int | None, ...]
+    known_problems: tuple[str, ...] = ()
+
+
+class FrameRecorder:
+    """Stands in for a ``TrajectoryWriter`` in the worker: keeps the calls, for the next frame."""
+
+    provenance: dict[str, Any] | None = None
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def system(self, content: str) -> None:
+        self.events.append(("system", content))
+
+    def user(self, content: str) -> None:
+        self.events.append(("user", content))
+
+    def tool(self, content: str, tool_call_id: str) -> None:
+        self.events.append(("tool", content, tool_call_id))
+
+    def step(self, step: Any, info: dict[str, Any] | None = None) -> None:
+        self.events.append(("step", step, info))
+
+    def finish(self, info: dict[str, Any] | None = None) -> None:
+        self.events.append(("finish", info))
+
+    def fail(self, reason: str, info: dict[str, Any] | None = None) -> None:
+        self.events.append(("fail", reason, info))
+
+    def take(self) -> tuple[Event, ...]:
+        """The calls since the last ``take``."""
+        events, self.events = tuple(self.events), []
+        return events
+
+
+class _Sender:
+    """Numbers one episode's frames and reports them."""
+
+    def __init__(self, report: Callable[..., None], env: int, episode: int):
+        self.report, self.env, self.episode, self.seq = report, env, episode, 0
+
+    def send(self, kind: str, **fields: Any) -> None:
+        self.report(Frame(self.env, self.episode, self.seq, kind, **fields))
+        self.seq += 1
+
+
+def play_env(job: EnvJob, report: Callable[..., None]) -> int:
+    """In a worker: build the job's env and policy, play its episodes in turn and report every frame; return how
+    many episodes were played. An episode that raises ends with an end frame that says what raised, and the next
+    one gets a fresh env."""
+    from ..registry import registry
+
+    spec = TaskSpec.from_dict(job.spec)
+    problems = [str(error) for error in registry.load_errors() if str(error) not in job.known_problems]
+    for problem in problems:
+        report(Frame(job.env, job.episodes[0] if job.episodes else 0, -1, WARNING, data={"text": problem}))
+    env = policy = None
+    try:
+        for number, seed in zip(job.episodes, job.seeds, strict=True):
+            if env is None:
+                env, policy = _build(spec, job)
+            if not _play_episode(env, policy, spec, _Sender(report, job.env, number), seed):
+                env.close()
+                policy.close()
+                env = policy = None
+    finally:
+        if env is not None:
+            env.close()
+            policy.close()
+    return len(job.episodes)
+
+
+def _build(spec: TaskSpec, job: EnvJob) -> tuple[Any, Any]:
+    from ..policies import make_policy
+    from ..policies.give_up import GiveUpWithExitApi
+    from ..registry import registry
+
+    env = registry.make(spec, **job.options)
+    try:
+        policy = make_policy(job.policy, task_id=spec.id, parser=spec.components.get("parser") or spec.parser)
+    except BaseException:
+        env.close()
+        raise
+    return env, GiveUpWithExitApi(policy)
+
+
+def _play_episode(env: Any, policy: Any, spec: TaskSpec, sender: _Sender, seed: int | None) -> bool:
+    """Play one episode and report its frames; False when something raised (the env may be broken)."""
+    from ..episodes.episode import EpisodePlayer
+
+    recorder = FrameRecorder()
+    player = EpisodePlayer(env, policy, spec=spec, writer=recorder, seed=seed)
+    turns, error = 0, ""
+    try:
+        player.start()
+        sender.send(START, events=recorder.take(), data={
+            "provenance": recorder.provenance, "worker": {"host": socket.gethostname(), "pid": os.getpid()}})
+        while (turn := player.play_turn()) is not None:
+            sender.send(TURN, events=recorder.take(), turn=turn)
+            turns += 1
+            if turn.done:
+                break
+    except Exception as exc:  # the episode fails alone; the receiver records why
+        error = f"{type(exc).__name__}: {exc}"
+    result = player.result
+    sender.send(END, events=recorder.take(), data={
+        "turns": turns, "finished": bool(result and result.finished), "stop_reason": result.stop_reason if result
+        else "", "info": dict(result.info) if result else {}, "error": error, "gave_up": policy.error})
+    return not error

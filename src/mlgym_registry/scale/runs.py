@@ -1,0 +1,55 @@
+"""Playing several episodes at once, whatever the engine: worker processes on this machine (``process_episodes``) or
+Ray actors on a cluster (``ray_episodes``). The two implementations know nothing of each other; this module picks one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..episodes.episode import EpisodeResult
+from ..episodes.folders import FolderName
+from ..specs import TaskSpec
+
+ENGINES = ("process", "ray")
+"""Where ``run_episodes`` plays: worker processes on this machine, or Ray actors on a cluster."""
+
+
+def run_episodes(
+    spec: TaskSpec | str,
+    policy: str,
+    num_envs: int,
+    *,
+    engine: str = "process",
+    address: str | None = None,
+    cpus_per_env: float | None = None,
+    out: Path | None = None,
+    seed: int | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+    options: dict[str, Any] | None = None,
+    episodes_per_env: int = 1,
+    folders: FolderName | None = None,
+) -> list[EpisodeResult]:
+    """Play ``num_envs`` episodes at once and return their results in env order.
+
+    ``engine="process"`` plays them in worker processes on this machine (``process_episodes``); ``engine="ray"`` as
+    Ray actors, on the cluster at ``address`` or on a local runtime started for the run (``ray_episodes``), with
+    ``cpus_per_env`` CPUs asked per actor. Both write the same files under ``out``.
+    """
+    from ..options import InvalidOptionError
+
+    if engine == "ray":
+        from .ray_episodes import run_ray_episodes
+
+        return run_ray_episodes(spec, policy, num_envs, address=address, out=out, seed=seed, on_step=on_step,
+                                options=options, episodes_per_env=episodes_per_env, cpus_per_env=cpus_per_env,
+                                folders=folders)
+    if engine != "process":
+        raise InvalidOptionError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
+    if address is not None or cpus_per_env is not None:
+        raise InvalidOptionError("address= and cpus_per_env= are for engine='ray'; pass engine='ray' to use them")
+    from .process_episodes import run_process_episodes
+
+    return run_process_episodes(spec, policy, num_envs, out=out, seed=seed, on_step=on_step, options=options,
+                                episodes_per_env=episodes_per_env, folders=folders)
