@@ -7,6 +7,10 @@ Every import counts, at the top of a module or inside a function: a lazy import 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import mlgym_registry
@@ -162,3 +166,28 @@ def test_no_circle_between_the_root_modules_at_import_time():
         if module not in state:
             visit(module, [module])
     assert not circles, "import circles at import time:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_every_old_import_path_still_gives_its_module_with_a_warning():
+    """For one release after the move, ``import mlgym_registry.<old>`` is the module at its new path, with a
+    ``DeprecationWarning`` that names the new path (run in a fresh interpreter, where no old name is imported yet)."""
+    code = textwrap.dedent("""
+        import importlib, json, warnings
+        from mlgym_registry._moved import MOVED
+        found = {}
+        for old, new in MOVED.items():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                module = importlib.import_module("mlgym_registry." + old)
+            same = module is importlib.import_module("mlgym_registry." + new)
+            said = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)
+                    and "mlgym_registry." + new in str(w.message)]
+            found[old] = [same, bool(said), module.__spec__.name]
+        print(json.dumps(found))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.splitlines()[-1])
+    from mlgym_registry._moved import MOVED
+
+    assert found == {old: [True, True, f"{NAME}.{new}"] for old, new in MOVED.items()}

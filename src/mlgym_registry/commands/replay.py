@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from ..records.recorded_files import first_windows, task_kept, with_recorded_starters
 from ..records.regular_files import split_regular
 from ..records.trajectories import load_recorded
-from ..records.trust import RecordSettings, TypedSettings, check_record, read_record
+from ..records.trust import RecordSettings, check_record, read_record
 from ..tasks.mlgym_metrics import mlgym_ranking_metric
 from ..terminal import printable
 from .out_folder import OutFolder, default_out
@@ -36,7 +36,7 @@ from .run import (
     add_backend_option_argument,
     add_component_arguments,
     add_episode_arguments,
-    backend_options,
+    typed_settings,
     with_changes,
 )
 from .signals import sigint_deferred, terminate_as_exit
@@ -319,15 +319,6 @@ class ReplayPlan:
     options: dict[str, Any]
     starter_files: str
     backend: str | None = None
-
-
-def typed_settings(args: argparse.Namespace) -> TypedSettings:
-    """What the command line of ``replay`` (or ``run``) gives, the values that win over a record."""
-    from .run import component_choices
-
-    return TypedSettings(task=getattr(args, "task", None), seed=args.seed, max_steps=args.max_steps,
-                         backend=getattr(args, "backend", None), components=component_choices(args),
-                         options=backend_options(args.backend_option))
 
 
 def plan_replay(path: Path, environment: str, args: argparse.Namespace) -> ReplayPlan:

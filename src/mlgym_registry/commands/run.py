@@ -26,6 +26,7 @@ from .signals import sigint_deferred, terminate_as_exit
 from .terminal_output import ProgressBar, Transcript
 
 if TYPE_CHECKING:
+    from ..records.trust import TypedSettings
     from ..specs import TaskSpec
 
 
@@ -143,6 +144,15 @@ def add_backend_option_argument(parser: argparse.ArgumentParser) -> None:
                         help="backend option, e.g. -o command_timeout=10 -o long_timeout=60 (repeatable)")
 
 
+def typed_settings(args: argparse.Namespace) -> TypedSettings:
+    """What the command line of ``run`` (or ``replay``) gives: the values that win over a record."""
+    from ..records.trust import TypedSettings
+
+    return TypedSettings(task=getattr(args, "task", None), seed=args.seed, max_steps=args.max_steps,
+                         backend=getattr(args, "backend", None), components=component_choices(args),
+                         options=backend_options(args.backend_option))
+
+
 def backend_options(pairs: list[str]) -> dict[str, object]:
     """The ``-o KEY=VALUE`` options as a dict (``60`` is a number, ``true`` a bool, anything else a string)."""
     options: dict[str, object] = {}
@@ -210,7 +220,6 @@ def apply_recorded_settings(args: argparse.Namespace) -> None:
     """
     from ..records.trust import check_record, read_record
     from ..registry import registry
-    from .replay import typed_settings
 
     kind, _, path = policy_text(args).partition(":")
     settings = read_record(path) if kind == "replay" and path else None

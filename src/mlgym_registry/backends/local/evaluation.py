@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...submissions import SubmissionRejected, SubmissionSchemaError
 from ..protocol import AGENT_ERROR, INFRA_ERROR, INVALID_SUBMISSION, non_finite
 from . import eval_clock, procs, trees
 from .output import CappedBuffer, normalise
@@ -49,6 +50,16 @@ class EvaluationFormatError(EvaluationFailure):
     def __init__(self, text: str, status: str = INVALID_SUBMISSION):
         super().__init__(text)
         self.status = status
+
+
+def submission_failure(exc: SubmissionRejected | SubmissionSchemaError) -> EvaluationFailure:
+    """The failure of an evaluation whose submission check raised ``exc``: a broken rule is the agent's
+    (``invalid_submission``, the message naming the rule), a check that cannot run is the task's (``infra_error``)."""
+    if isinstance(exc, SubmissionRejected):
+        return EvaluationFormatError(str(exc), INVALID_SUBMISSION)
+    failure = EvaluationFailure(f"the task's submission check cannot run: {exc}")
+    failure.status = INFRA_ERROR
+    return failure
 
 
 class EvaluationUnsupported(EvaluationFailure):
@@ -303,7 +314,10 @@ class Evaluator:
                 self._fill_views(started)
                 submission = self._find_submission(started.agent_view)
                 # it reads the agent's file as copied, modes kept: one the agent locked is the agent's failure too
-                check_submission(self.submission_schema, started.eval_view, self.pristine)
+                try:
+                    check_submission(self.submission_schema, started.eval_view, self.pristine)
+                except (SubmissionRejected, SubmissionSchemaError) as exc:
+                    raise submission_failure(exc) from None
             except OSError as exc:  # reading the agent's files, or writing their copy
                 raise self._unreadable(exc) from exc
             script = self.evaluation_paths[0] if self.evaluation_paths else "evaluate.py"

@@ -16,7 +16,6 @@ import stat
 from pathlib import Path, PurePosixPath
 
 from ...submissions import SubmissionRejected, SubmissionSchema, SubmissionSchemaError
-from ..protocol import INFRA_ERROR, INVALID_SUBMISSION
 
 __all__ = ["SubmissionSchema", "check_submission", "pristine_file", "read_plain_file"]
 
@@ -26,24 +25,16 @@ _FOLDER = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 
 def check_submission(schema: SubmissionSchema | None, view: Path, pristine: dict[str, Path]) -> None:
     """Check the submission in ``view`` against ``schema`` (nothing to do when None). A submission that breaks it
-    is the agent's failure (``EvaluationFormatError`` with status ``invalid_submission``, its message naming the
-    rule); a reference file that is missing or malformed is the task's (status ``infra_error``)."""
+    raises ``SubmissionRejected`` naming the rule (the agent's failure: ``invalid_submission``); a reference file
+    that is missing or malformed raises ``SubmissionSchemaError`` (the task's: ``infra_error``). The evaluation
+    turns each into its failure (``evaluation.submission_failure``)."""
     if schema is None:
         return
-    from .evaluation import EvaluationFailure, EvaluationFormatError  # evaluation.py imports this module
-
     try:
-        try:
-            data = read_plain_file(view, schema.file, schema.max_bytes)
-        except SubmissionRejected as exc:
-            raise schema.rejection(exc.rule, str(exc)) from None
-        schema.check(data, reference_bytes(schema, pristine))
+        data = read_plain_file(view, schema.file, schema.max_bytes)
     except SubmissionRejected as exc:
-        raise EvaluationFormatError(str(exc), INVALID_SUBMISSION) from None
-    except SubmissionSchemaError as exc:
-        failure = EvaluationFailure(f"the task's submission check cannot run: {exc}")
-        failure.status = INFRA_ERROR
-        raise failure from None
+        raise schema.rejection(exc.rule, str(exc)) from None
+    schema.check(data, reference_bytes(schema, pristine))
 
 
 def reference_bytes(schema: SubmissionSchema, pristine: dict[str, Path]) -> bytes | None:
