@@ -44,8 +44,9 @@ LAYERS: list[set[str]] = [
 """The units (a folder, a root module, or a module that sits below its folder), bottom up."""
 
 UPWARD: dict[tuple[str, str], str] = {
-    ("registry", "transforms"): "registry.make is the front door: it builds the chain (imported when called)",
-    ("registry", "components"): "resolve reads the default reward's metric rules (until scores have a core module)",
+    ("registry", "transforms"): "make builds the chain; a pickled env factory lets a TorchRL pool adopt its envs",
+    ("registry", "components"): "resolve checks the rewarded metric against the baseline with the default reward's "
+                                "rules (until scores have a core module)",
     ("records", "transforms"): "a trajectory's conversation is rendered with the chain's own History",
     ("records", "evaluation"): "a run's provenance names the package versions and task hash evaluation computes",
 }
