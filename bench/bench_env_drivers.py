@@ -12,7 +12,7 @@ The drivers, each over N = ``--widths`` envs of ``--task`` (default 1, 2, 4, 8, 
 
 The policy is trivial, so that only the env side is measured: the same fenced command every turn
 (``bench_training.RESPONSE``, ``echo hi``). The command gets it from a local OpenAI-compatible endpoint
-(``tests/test_openai_policy.Endpoint``, in this process) through ``--policy openai:...``. With ``--policy-delay S``
+(``tests/model_server.Endpoint``, in this process) through ``--policy openai:...``. With ``--policy-delay S``
 every answer takes S seconds more, as a model's would: the loop waits S before each env's step, a pool waits S once a
 round (one batched call answers all its envs), the command's workers each wait S for their own answer (the endpoint
 answers requests concurrently).
@@ -498,7 +498,7 @@ def lost_steps(out: Path, width: int, returncode: int, counts: list[int]) -> str
 
 def command_cell(width: int, args: argparse.Namespace, url: str) -> Cell:
     """Run ``mlgym-registry run --num-envs width`` within the budget: its records, PSS while playing and first turn."""
-    from test_openai_policy import MODEL
+    from model_server import MODEL
 
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "out"
@@ -538,7 +538,7 @@ def command_cell(width: int, args: argparse.Namespace, url: str) -> Cell:
 
 def drive_command(args: argparse.Namespace) -> list[Cell]:
     """The command at every width, against a local endpoint that answers the trivial reply (after the delay)."""
-    from test_openai_policy import Endpoint, completion
+    from model_server import Endpoint, completion
 
     def answer(request: dict[str, Any]) -> dict[str, Any]:
         time.sleep(args.policy_delay)

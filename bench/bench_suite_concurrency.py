@@ -10,7 +10,7 @@ Two policies:
 
 - ``scripted`` (default): no model. The runs are the evaluations' CPU work, so on a machine with few cores N
   workers gain at most what its free cores allow.
-- ``--serve``: ``transformers serve`` over the tiny model (``tests/test_openai_policy.TinyServer``), reached through
+- ``--serve``: ``transformers serve`` over the tiny model (``tests/model_server.TinyServer``), reached through
   a counting proxy in this process, which gives the mean number of chat requests in flight while the suite played
   and the most at once: what ``--num-envs`` is meant to keep at N.
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
     server = proxy = None
     gauge = Gauge()
     if args.serve:
-        from test_openai_policy import TinyServer
+        from model_server import TinyServer
 
         server = TinyServer(Path(tempfile.mkdtemp(prefix="bench-serve-"))).wait()
         proxy = counting_proxy(server.url.removesuffix("/v1"), gauge)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mlgym_fixtures import engine, mlgym_checkout, no_mlgym  # noqa: F401 - fixtures for every test module
 from outside_data import RECORDED
 
 # pytest-xdist runs more workers than this machine has cores (make test); torch's thread pool in each of them (and
@@ -266,7 +267,7 @@ def served(tmp_path_factory):
     """``transformers serve`` over the tiny model (``TinyServer`` of ``test_openai_policy``), one per test module."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    from test_openai_policy import TinyServer
+    from model_server import TinyServer
 
     server = TinyServer(tmp_path_factory.mktemp("serve"))
     try:

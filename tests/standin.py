@@ -26,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from mlgym_registry.backends.protocol import ToolSet, new_info
+from mlgym_registry.policies.base import Policy, PolicyExhausted
 
 COMMAND_DOCS = "open <path>:\n  opens a file\nvalidate:\n  scores the submission\nsubmit:\n  submits and ends"
 """The ``command_docs`` the stand-in's tools document."""
@@ -815,3 +816,15 @@ def write_standin_mlgym(root: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text).lstrip("\n"))
     return root
+
+
+class Script(Policy):
+    """A policy that answers with ``responses`` in turn, then gives up (``PolicyExhausted``)."""
+
+    def __init__(self, responses):
+        self.responses = list(responses)
+
+    def respond(self, messages):
+        if not self.responses:
+            raise PolicyExhausted("script over")
+        return self.responses.pop(0)

@@ -270,7 +270,7 @@ def owner_script(src, ending: str) -> str:
     return textwrap.dedent(
         f"""
         import json, sys
-        sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+        sys.path[:0] = [{str(os.path.dirname(__file__))!r}, {str(os.path.dirname(os.path.dirname(__file__)))!r}]
         from test_local_backend import tiny_spec
         from pathlib import Path
         from mlgym_registry.backends.local import LocalBackend

@@ -18,7 +18,7 @@ from mlgym_registry.tasks.workspace import stage_workspace
 
 GAMES = ["prisonersDilemma", "battleOfSexes", "blotto"]
 SUITE = GAMES + ["houseRegression"]
-TRAINING = ["capitals"]  # our own tiny tasks for training smoke tests (tests/test_capitals.py)
+TRAINING = ["capitals"]  # our own tiny tasks for training smoke tests (tests/tasks/test_capitals.py)
 HEAVY_MODULES = ("numpy", "torch", "torchrl", "tensordict")
 
 

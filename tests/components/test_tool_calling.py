@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 import pytest
-from test_openai_policy import MODEL, Endpoint, TinyServer
+from model_server import MODEL, Endpoint, TinyServer
 
 from mlgym_registry import FormatError, registry
 from mlgym_registry.cli import main as cli_main

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_training.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_training.py"
 
 
 def load_bench():
@@ -46,7 +46,7 @@ def test_training_bench_quick_prints_every_ratio(capsys):
     assert "done in" in out
 
 
-EVALUATION_BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_evaluation.py"
+EVALUATION_BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_evaluation.py"
 
 
 @pytest.mark.slow
@@ -67,7 +67,7 @@ def test_evaluation_bench_quick_prints_each_ratio_with_its_target(capsys):
     assert "done in" in out
 
 
-DRIVERS_BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_env_drivers.py"
+DRIVERS_BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_env_drivers.py"
 
 
 def load_bench_file(path: Path):

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from engine_double import EngineDouble
-from standin import STANDIN_COMMAND_DOCS, write_standin_mlgym
+from standin import STANDIN_COMMAND_DOCS
 
 from mlgym_registry import BackendUnavailable, InvalidTaskError, TaskSpec, registry, seeding
 from mlgym_registry.backends.mlgym import MLGymBackend, command_file_entry
@@ -37,50 +36,6 @@ def game_spec(root: Path, **changes) -> TaskSpec:
         baseline_scores=[{"Score": 2.0}],
     )
     return spec.replace(**changes)
-
-
-def _forget_mlgym() -> None:
-    for name in [n for n in sys.modules if n == "mlgym" or n.startswith("mlgym.")]:
-        del sys.modules[name]
-    importlib.invalidate_caches()
-
-
-_ENGINES: dict[Path, EngineDouble] = {}
-
-
-@pytest.fixture
-def no_mlgym(monkeypatch, tmp_path):
-    """No mlgym importable; a docker double on PATH (the only thing there) and its Engine API at DOCKER_HOST.
-
-    Other test modules import this fixture and ``mlgym_checkout``: they get the engine double with them."""
-    double = _ENGINES[tmp_path] = EngineDouble(tmp_path / "engine").start()
-    for key, value in double.environment().items():
-        monkeypatch.setenv(key, value)
-    _forget_mlgym()
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / "mlgym").exists()])
-    yield tmp_path
-    _forget_mlgym()
-    double.stop()
-    del _ENGINES[tmp_path]
-
-
-@pytest.fixture
-def engine(no_mlgym) -> EngineDouble:
-    """The engine double of ``no_mlgym``."""
-    return _ENGINES[no_mlgym]
-
-
-@pytest.fixture
-def mlgym_checkout(no_mlgym, monkeypatch):
-    """The stand-in MLGym checkout, "installed" (on sys.path)."""
-    root = write_standin_mlgym(no_mlgym / "MLGym")
-    monkeypatch.syspath_prepend(str(root))
-    importlib.invalidate_caches()
-    yield root
-    import gymnasium as gym
-
-    for key in [k for k in gym.registry if k.startswith("mlgym/")]:
-        del gym.registry[key]
 
 
 @pytest.fixture
@@ -434,7 +389,7 @@ def test_conformance_kit_rejects_scores_that_do_not_accumulate(mlgym_checkout, t
     (["validate", "exit_forfeit"], [1.0]),
 ])
 def test_results_json_holds_every_score_of_the_episode(mlgym_checkout, tmp_path, actions, agent):
-    from test_output_checks import Script
+    from standin import Script
 
     from mlgym_registry.episodes.episode import run_episode
     from mlgym_registry.records.trajectories import TrajectoryWriter, load_results

@@ -56,7 +56,7 @@ def backends():
 
 
 def make(backends, layout="default", **options):
-    """The chain's own unbatched env (tests/test_training_shapes.py covers the batched one ``make`` gives)."""
+    """The chain's own unbatched env (test_training_shapes.py covers the batched one ``make`` gives)."""
     options.setdefault("batch_size", ())
     return registry.make(SPEC, backend="standin_chain", layout=layout, reward_wrong_format=PENALTY, **options)
 

@@ -42,7 +42,7 @@ SPEC = TaskSpec(id="tinyTask", description="Improve the strategy.", baseline_sco
 
 @pytest.mark.parametrize("input_mode", ["history", "text", "tokens"])
 def test_rollout_with_transformers_wrapper(tokenizer, model, standin_backend, input_mode):
-    # max_format_errors=None: garbage never ends the episode here (tests/test_training_shapes.py checks the rule)
+    # max_format_errors=None: garbage never ends the episode here (test_training_shapes.py checks the rule)
     env = registry.make(SPEC, backend="standin_rollout", tokenizer=tokenizer, reward_wrong_format=PENALTY,
                         input_mode=input_mode, max_format_errors=None)
     policy = TransformersWrapper(

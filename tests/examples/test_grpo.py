@@ -20,7 +20,7 @@ from mlgym_registry.testing.tiny_model import save_tiny_checkpoint
 # TorchRL's collectors warn about an InitTracker for every LLM env, its own ChatEnv included; nothing here needs one
 pytestmark = pytest.mark.filterwarnings("ignore:The env passed to LLMCollector is missing:FutureWarning")
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grpo.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo.py"
 GROUP = 2
 
 

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import pytest
 from standin import StandinBackend
 from tensordict import TensorDict
-from test_mlgym_adapter import mlgym_checkout, no_mlgym  # noqa: F401  (fixtures)
 from torchrl.data.llm import History
 from torchrl.envs.utils import check_env_specs
 
@@ -44,7 +43,7 @@ def made():
 
 
 def make(layout="default", **options):
-    options.setdefault("batch_size", ())  # the chain's own tensordicts; tests/test_training_shapes.py: batched
+    options.setdefault("batch_size", ())  # the chain's own tensordicts; test_training_shapes.py: batched
     return registry.make(SPEC, backend="standin_reg", layout=layout, **options)
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from standin import StandinBackend
+from standin import Script, StandinBackend
 
 from mlgym_registry import ComponentOutputError, FormatError, MLGymRegistryError, TaskSpec, hookimpl, registry
 from mlgym_registry.components import output_checks
 from mlgym_registry.components.template_set import TemplateSet
 from mlgym_registry.episodes.episode import run_episode
-from mlgym_registry.policies.base import Policy, PolicyExhausted
 
 DIST = "bad-components-dist"
 SPEC = TaskSpec(id="checkedGame", description="A task for output checks.", baseline_scores=[{"Score": 1.0}],
@@ -179,16 +178,6 @@ def test_builtin_components_are_named_as_built_in():
     assert output_checks.origin("parser", task.spec.parser, task) == "from mlgym-registry, built in"
     in_process = output_checks.fail("reward", task, "returned 1", "contract")
     assert str(in_process).startswith(f"reward assigner 'nan_reward' (from {DIST})")
-
-
-class Script(Policy):
-    def __init__(self, responses):
-        self.responses = list(responses)
-
-    def respond(self, messages):
-        if not self.responses:
-            raise PolicyExhausted("script over")
-        return self.responses.pop(0)
 
 
 def episode(enabled: bool, monkeypatch) -> tuple:

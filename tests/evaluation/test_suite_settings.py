@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_openai_policy import MODEL, Endpoint, completion, error
+from model_server import MODEL, Endpoint, completion, error
 
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.evaluation.report import build_report

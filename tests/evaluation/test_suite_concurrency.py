@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import default_sigint
-from test_openai_policy import MODEL, Endpoint, completion, error
+from model_server import MODEL, Endpoint, completion, error
 
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.commands.bench import EXIT_DONE, EXIT_INTERRUPTED, EXIT_RUNS_FAILED, SuiteBar

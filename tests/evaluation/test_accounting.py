@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_openai_policy import MODEL, Endpoint, completion
+from model_server import MODEL, Endpoint, completion
 
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.evaluation.report import build_report
