@@ -67,16 +67,23 @@ class PluginLoadError(MLGymRegistryError):
                          f"{distribution or plugin}.")
 
 
+def with_suggestions(names: Iterable[str], valid: Iterable[str]) -> list[str]:
+    """Each of ``names``, quoted, with the closest of ``valid`` as a did-you-mean where one is close."""
+    choices = list(valid)
+    quoted = []
+    for name in names:
+        close = difflib.get_close_matches(name, choices, n=1)
+        quoted.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    return quoted
+
+
 class InvalidOverrideError(MLGymRegistryError, TypeError):
     """``make()`` was given a keyword it does not know."""
 
     def __init__(self, unknown: Iterable[str], valid: Iterable[str]):
         self.unknown = sorted(unknown)
         self.valid = sorted(valid)
-        hints = []
-        for key in self.unknown:
-            close = difflib.get_close_matches(key, self.valid, n=1)
-            hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+        hints = with_suggestions(self.unknown, self.valid)
         super().__init__(f"unknown override(s) {', '.join(hints)}. Valid overrides: {', '.join(self.valid)}.")
 
 

@@ -19,14 +19,13 @@ for those names say. Nothing here imports torch: ``registry.make`` runs these ch
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MLGymRegistryError
+from .errors import MLGymRegistryError, with_suggestions
 from .specs import COMPONENT_KINDS
 
 
@@ -41,10 +40,7 @@ class UnknownOptionError(MLGymRegistryError, TypeError):
         self.backend = backend
         self.unknown = sorted(unknown)
         self.valid = sorted(valid)
-        names = []
-        for name in self.unknown:
-            close = difflib.get_close_matches(name, self.valid, n=1)
-            names.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+        names = with_suggestions(self.unknown, self.valid)
         super().__init__(
             f"unknown backend option(s) {', '.join(names)} for backend {backend!r}; "
             f"it takes: {', '.join(self.valid) or 'no options'}"
