@@ -457,7 +457,7 @@ registry = Registry()
 def refuse_metric_mismatch(spec: TaskSpec) -> None:
     """``InvalidTaskError`` when the task rewards a metric its baseline does not hold (``baseline_metric_problem``):
     known before anything runs, so ``make`` says it rather than every scored step failing."""
-    from .components.rewards import baseline_metric_problem
+    from .scores import baseline_metric_problem
 
     problem = baseline_metric_problem(spec)
     if problem is not None:

@@ -19,9 +19,10 @@ PACKAGE = Path(mlgym_registry.__file__).parent
 NAME = "mlgym_registry"
 
 LAYERS: list[set[str]] = [
-    # 0, the helpers every layer uses: errors, hook specs, task specs and their submission schemas, options, seeds
+    # 0, the helpers every layer uses: errors, hook specs, task specs and their submission schemas, options, seeds,
+    # scores (with the backend contract's evaluation statuses and MLGym's table of ranking metrics they read)
     {"errors", "hookspecs", "specs", "submissions", "options", "seeding", "terminal", "bounded_json", "_moved",
-     "episodes.rules"},
+     "episodes.rules", "scores", "backends.protocol", "tasks.mlgym_metrics"},
     # 1, the plugin host: what a registered name is, loading plugins, the registry
     {"entries", "plugins", "registry"},
     # 2, the plugins' kinds, and what a task needs before it runs
@@ -45,8 +46,6 @@ LAYERS: list[set[str]] = [
 
 UPWARD: dict[tuple[str, str], str] = {
     ("registry", "transforms"): "make builds the chain; a pickled env factory lets a TorchRL pool adopt its envs",
-    ("registry", "components"): "resolve checks the rewarded metric against the baseline with the default reward's "
-                                "rules (until scores have a core module)",
     ("records", "transforms"): "a trajectory's conversation is rendered with the chain's own History",
     ("records", "evaluation"): "a run's provenance names the package versions and task hash evaluation computes",
 }

@@ -88,7 +88,7 @@ class EpisodeResult:
     @property
     def metric(self) -> str | None:
         """The metric the score is judged on."""
-        from ..components.rewards import ScoreError, priority_metric
+        from ..scores import ScoreError, priority_metric
 
         metrics = self.score or self.baseline
         if not metrics:
@@ -101,7 +101,7 @@ class EpisodeResult:
     @property
     def improvement(self) -> float | None:
         """Score minus baseline on the priority metric (positive is better, whatever the metric's direction)."""
-        from ..components.rewards import find_metric, metric_delta
+        from ..scores import find_metric, metric_delta
 
         if self.score is None or self.metric is None or find_metric(self.metric, self.score) is None:
             return None
@@ -128,7 +128,7 @@ class EpisodeResult:
         metric = self.metric
         if self.score is None or metric is None:
             return f"exit status: {status}; no score (baseline: {self.baseline})"
-        from ..components.rewards import find_metric
+        from ..scores import find_metric
 
         score = self.score.get(find_metric(metric, self.score) or metric)
         base = (self.baseline or {}).get(find_metric(metric, self.baseline or {}) or metric)

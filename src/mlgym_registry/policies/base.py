@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MLGymRegistryError
+from ..scores import BASELINE_LABEL, EVALUATION_LABEL
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -94,8 +95,6 @@ def last_user_message(messages: Messages) -> str:
 
 
 _FILE_HEADER = re.compile(r"^\[File: (?P<path>.+) \((?P<lines>\d+) lines total\)\]$", re.MULTILINE)
-_EVALUATION = "Evaluation Score: "
-_BASELINE = "Baseline Score: "
 _REMAINING = re.compile(r"Remaining Steps: (\d+)\)")
 
 
@@ -117,12 +116,12 @@ def numbered_lines(text: str) -> dict[int, str]:
 
 def evaluation_score(text: str) -> dict[str, float] | None:
     """The metric dict of a validate observation (``Evaluation Score: {...}``), or None."""
-    return _literal_dict(_EVALUATION, text)
+    return _literal_dict(EVALUATION_LABEL, text)
 
 
 def baseline_score(text: str) -> dict[str, float] | None:
     """The baseline metric dict of a validate observation (``Baseline Score: {...}``), or None."""
-    return _literal_dict(_BASELINE, text)
+    return _literal_dict(BASELINE_LABEL, text)
 
 
 def remaining_steps(text: str) -> int | None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import re
 
+from ..scores import BASELINE_LABEL, EVALUATION_LABEL, VALIDATION_PREFIX
+
 KINDS = (
     "empty",
     "submitted",
@@ -50,7 +52,7 @@ _VALIDATE_ERRORS = (
 _LINT = re.compile(r"^ERRORS:\n- ", re.MULTILINE)
 _SYNTAX = re.compile(r"^(?:/bin/|/usr/bin/)?bash: line \d+: (?:syntax error|unexpected EOF while looking for)")
 _WINDOW = re.compile(r"^\[File: .+ \(\d+ lines total\)\]$", re.MULTILINE)
-_SCORES = re.compile(r"Baseline Score: .*\nEvaluation Score: \{", re.DOTALL)
+_SCORES = re.compile(rf"{re.escape(BASELINE_LABEL)}.*\n{re.escape(EVALUATION_LABEL)}\{{", re.DOTALL)
 """A successful validate of a task that has no artefact to name: only the baseline and evaluation score lines."""
 
 
@@ -63,7 +65,7 @@ def observation_kind(observation: str | None) -> str:
         return "submitted"
     if _EXIT.match(text):
         return "exit"
-    if text.startswith("Your code produced a valid submission artefact at ") or _SCORES.match(text):
+    if text.startswith(VALIDATION_PREFIX) or _SCORES.match(text):
         return "validate_score"
     if text.startswith(_VALIDATE_ERRORS):
         return "validate_error"

@@ -97,7 +97,7 @@ class BaselineComparison:
 def compare_baseline(spec: TaskSpec, runs: list[dict[str, float]], *, tolerance: float | None = None
                      ) -> BaselineComparison:
     """Compare ``spec.baseline`` with the metrics of ``runs`` (see ``BaselineComparison``)."""
-    from ..components.rewards import find_metric
+    from ..scores import find_metric
 
     tolerance = float(tolerance if tolerance is not None else spec.extra.get(BASELINE_TOLERANCE_KEY,
                                                                              DEFAULT_TOLERANCE))

@@ -121,7 +121,7 @@ def _misspelt_field_warnings(spec: TaskSpec) -> list[str]:
 def _metric_name_problems(spec: TaskSpec, metrics: dict[str, float] | None = None) -> list[str]:
     """Mismatches between the metric the task is rewarded on and its baseline (``metrics`` None) or what its
     evaluator printed (``metrics``): each would make every scored step an ``infra_error``."""
-    from ..components.rewards import baseline_metric_problem, evaluation_metric_problem
+    from ..scores import baseline_metric_problem, evaluation_metric_problem
 
     problem = baseline_metric_problem(spec) if metrics is None else evaluation_metric_problem(metrics, spec)
     return [problem] if problem is not None else []

@@ -291,7 +291,7 @@ class BackendEnv(EnvBase):
         """Count a scored evaluation whose metrics lack the task's reward metric as an ``infra_error`` (the task's
         fault: its evaluator and its baseline or priority metric name the metric differently), with the reason in
         ``info[EVALUATION_ERROR_KEY]``: never an exception out of ``step``."""
-        from ..components.rewards import evaluation_metric_problem, score_entry_metrics
+        from ..scores import evaluation_metric_problem, score_entry_metrics
 
         try:
             metrics = score_entry_metrics((info.get("score") or [])[-1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...scores import validation_text
 from .evaluation import EvaluationFormatError, InvalidMetrics, SubmissionNotFoundError
 
 Outcome = tuple[str, float, bool, dict[str, Any]]
@@ -66,9 +67,7 @@ def scored(
         return "Exited (submit)", 0, True, info
     if action == "validate":
         # MLGym names <workspace>/target.py for every python task; a task without that file has no artefact to name
-        artefact = f"Your code produced a valid submission artefact at {submission}.\n" if artefact_exists else ""
-        text = f"{artefact}Baseline Score: {baseline}\nEvaluation Score: {metrics}"
-        return text.strip(), 0, False, info
+        return validation_text(submission if artefact_exists else None, baseline, metrics), 0, False, info
     info["exit_status"] = f"autosubmission ({action})"
     info["submission"] = submission
     return f"Exited ({action})", 0, True, info
