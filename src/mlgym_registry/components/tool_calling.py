@@ -16,7 +16,7 @@ messages, ``structured_messages`` rebuilds them: an assistant message with ``too
 (with its ``tool_call_id``) per call.
 
 - ``tool_schemas()``: the tools in OpenAI's ``tools`` format, built from the tool set's own documentation
-  (``backends/local/tools/commands.yaml``, which also renders ``{command_docs}``), plus ``bash`` for any shell command.
+  (``tool_language/commands.yaml``, which also renders ``{command_docs}``), plus ``bash`` for any shell command.
 - ``ToolCallParser`` (parser ``tool_calls``): one tool call -> the command line the text language would give
   (``open 'strategy.py'``; ``edit 1:3`` with its body and ``end_of_edit``). No call, an unknown tool, arguments that
   are not a JSON object or do not fit the tool, and several calls are ``FormatError``: the chain retries (and applies
@@ -67,7 +67,7 @@ class ToolCall:
 
 # -- the tools -----------------------------------------------------------------------------------------------------
 def _commands() -> list[dict[str, Any]]:
-    from ..backends.local import toolset
+    from .. import tool_language as toolset
 
     return toolset.commands()
 
@@ -75,7 +75,7 @@ def _commands() -> list[dict[str, Any]]:
 @functools.lru_cache(maxsize=1)
 def tool_schemas() -> tuple[JsonSchema, ...]:
     """The tools in OpenAI's ``tools`` format: every documented tool command, then ``bash``."""
-    from ..backends.local.toolset import ENV_VARIABLES
+    from ..tool_language import ENV_VARIABLES
 
     tools = [_schema(command, ENV_VARIABLES) for command in _commands()]
     tools.append(_function(BASH_TOOL, "runs a shell command in the workspace (any bash command, or a tool command "
@@ -213,7 +213,7 @@ def command_line(name: str, arguments: Mapping[str, Any]) -> str:
     spec = command.get("arguments") or {}
     values = _check_arguments(name, arguments, {key: arg["type"] for key, arg in spec.items()},
                               [key for key, arg in spec.items() if arg.get("required")])
-    from ..backends.local.toolset import signature
+    from ..tool_language import signature
 
     first, *rest = signature(command).split("\n")
     words = [_word(word, values) for word in first.split()]

@@ -31,8 +31,8 @@ _LINES = (
 
 def _corpus() -> list[str]:
     """A few lines, the default templates and the local backend's tool docs: most of what a prompt holds."""
-    from ..backends.local.toolset import render_docs
     from ..components.templates import mlgym_default
+    from ..tool_language import render_docs
 
     templates = mlgym_default()
     texts = [templates.system_template, templates.task_template, templates.next_step, templates.next_step_no_output]

@@ -1,72 +1,20 @@
-"""The local backend's tool set: where the tool files are, their documentation, and how to install them in a shell."""
+"""The local backend's tool set: where its shell implementation of MLGym's tool language lies, and how to install it
+in a shell (the language itself, its commands and their documentation: ``mlgym_registry.tool_language``)."""
 
 from __future__ import annotations
 
-import functools
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
-from ..protocol import ToolSet
+from ...tool_language import ENV_VARIABLES, commands, render_docs, signature, tool_set
+
+__all__ = ["ENV_VARIABLES", "TOOLS_DIR", "TOOLS_SCRIPT", "commands", "install_script", "render_docs",
+           "reset_variables_script", "signature", "tool_set"]
 
 TOOLS_DIR = Path(__file__).parent / "tools"
 TOOLS_SCRIPT = TOOLS_DIR / "tools.sh"
-COMMANDS_FILE = TOOLS_DIR / "commands.yaml"
-
-ENV_VARIABLES: dict[str, str] = {
-    "WINDOW": "1000",
-    "OVERLAP": "2",
-    "CURRENT_LINE": "0",
-    "CURRENT_FILE": "",
-    "SEARCH_RESULTS": "()",
-    "SEARCH_FILES": "()",
-    "SEARCH_INDEX": "0",
-}
-"""The tool variables and their starting values, as in MLGym's default agent config (strings, like MLGym's)."""
-
-
-@functools.lru_cache(maxsize=1)
-def commands() -> list[dict[str, Any]]:
-    """The documented tool commands, in the order the docs list them."""
-    import yaml
-
-    return yaml.safe_load(COMMANDS_FILE.read_text())
-
-
-def signature(command: dict[str, Any]) -> str:
-    """The command's signature, built from its arguments when not given."""
-    if command.get("signature"):
-        return command["signature"]
-    parts = [command["name"]]
-    for name, arg in (command.get("arguments") or {}).items():
-        parts.append(f"<{name}>" if arg.get("required") else f"[<{name}>]")
-    return " ".join(parts)
-
-
-def render_docs(env_variables: dict[str, str] | None = None) -> str:
-    """``{command_docs}`` in MLGym's detailed layout: name, docstring, signature, then the arguments."""
-    values = {**ENV_VARIABLES, **(env_variables or {})}
-    blocks = []
-    for command in commands():
-        lines = [
-            f"{command['name']}:",
-            f"  docstring: {command['docstring'].format(**values)}",
-            f"  signature: {signature(command)}",
-        ]
-        arguments = command.get("arguments") or {}
-        if arguments:
-            lines.append("  arguments:")
-            for name, arg in arguments.items():
-                need = "required" if arg.get("required") else "optional"
-                lines.append(f"    - {name} ({arg['type']}) [{need}]: {arg['description']}")
-        blocks.append("\n".join(lines) + "\n")
-    return "\n".join(blocks)
-
-
-def tool_set() -> ToolSet:
-    """What ``install_tools()`` returns."""
-    return ToolSet(command_docs=render_docs(), env_variables=dict(ENV_VARIABLES), state_command="state")
+"""The shell implementation of the tool commands, in the folder the sandbox mounts."""
 
 
 def install_script(tools_dir: str | None = None) -> str:
