@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import MLGymRegistryError
+from .kinds import KINDS
 from .plugins import PluginLoadWarning, PluginReplaceWarning
 from .registry import registry
-from .specs import KINDS
 
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("mlgym_registry.commands.run", "run an episode of a task with a policy and record it"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from .kinds import LABELS
+
 
 class MLGymRegistryError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -139,8 +141,8 @@ class ComponentOutputError(MLGymRegistryError):
     return a finite float``. Raised where the chain calls the component (see ``output_checks``). On purpose not a
     ``ValueError``: ``FormatError`` is one, and a broken component must not pass for a malformed response."""
 
-    LABELS = {"parser": "parser", "isolator": "action isolator", "reward": "reward assigner",
-              "template": "template set", "history": "history processor"}
+    LABELS = LABELS
+    """What each kind of component is called (``kinds.LABELS``)."""
 
     def __init__(self, kind: str, name: str, origin: str, problem: str, contract: str, value: object = None):
         self.kind, self.name, self.origin, self.problem, self.contract, self.value = (

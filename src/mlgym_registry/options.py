@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import MLGymRegistryError, with_suggestions
-from .specs import COMPONENT_KINDS
+from .kinds import COMPONENT_KINDS
 
 
 class InvalidOptionError(MLGymRegistryError, ValueError):

@@ -26,6 +26,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import DuplicateNameError, MLGymRegistryError, PluginLoadError
+from .kinds import HOOKS_BY_KIND
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "mlgym_registry.components.plugin",
@@ -35,15 +36,6 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
 )
 """The package's own plugins, registered exactly like third-party ones, before any entry point."""
 
-HOOKS_BY_KIND: dict[str, str] = {
-    "task": "register_tasks",
-    "backend": "register_backends",
-    "parser": "register_parsers",
-    "template": "register_templates",
-    "reward": "register_reward_assigners",
-    "isolator": "register_action_isolators",
-    "history": "register_history_processors",
-}
 
 BUILTIN_DISTRIBUTION = "mlgym-registry"
 

@@ -25,18 +25,14 @@ from .entries import (
     provider_of,
 )
 from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, UnknownNameError
+from .kinds import COMPONENT_KINDS, KINDS, PATH_LOADERS
 from .options import backend_rules, validate_overrides, validate_task_options
 from .plugins import BUILTIN_DISTRIBUTION, BuiltinNameRefused, PluginInfo, PluginLoader, Registration
-from .specs import COMPONENT_KINDS, KINDS, ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
+from .specs import ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
 
 SPEC_OVERRIDES = ("max_steps", "failure_reward", "score_format_exit")
 """``make`` keywords that change the task spec itself (besides the component names)."""
 
-PATH_LOADERS: dict[str, str] = {
-    "template": "mlgym_registry.components.templates:load_agent_yaml",
-}
-"""Kinds whose name may also be a path to a file, and the loader that turns that file into the component.
-A path travels in a spec as it is, so a worker process rebuilds the same component without any registration."""
 
 
 def adopt_pool_being_built() -> None:

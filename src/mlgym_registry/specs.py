@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidTaskError
+from .kinds import COMPONENT_KINDS, KINDS  # noqa: F401 - part of this module's surface
 from .submissions import submission_schema
 
-COMPONENT_KINDS = ("backend", "parser", "template", "reward", "isolator", "history")
-KINDS = ("task",) + COMPONENT_KINDS
 TASK_ENTRYPOINTS = ("PythonSubmissionTasks", "CSVSubmissionTasks", "ModelSubmissionTasks", "LMSubmissionTasks")
 """MLGym's task classes, the values ``task_entrypoint`` may take."""
 

@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     # scores (with the backend contract's evaluation statuses and MLGym's table of ranking metrics they read), and
     # MLGym's tool language (the commands, their signatures and docs) that backends, components and policies speak
     {"errors", "hookspecs", "specs", "submissions", "options", "seeding", "terminal", "bounded_json", "_moved",
-     "episodes.rules", "scores", "backends.protocol", "tasks.mlgym_metrics", "tool_language"},
+     "episodes.rules", "scores", "backends.protocol", "tasks.mlgym_metrics", "tool_language", "kinds"},
     # 1, the plugin host: what a registered name is, loading plugins, the registry
     {"entries", "plugins", "registry"},
     # 2, the plugins' kinds, and what a task needs before it runs

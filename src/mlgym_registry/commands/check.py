@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..kinds import KINDS
 from ..options import cli_integer
-from ..specs import KINDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

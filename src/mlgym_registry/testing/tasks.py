@@ -85,7 +85,8 @@ def _task_field_problems(spec: TaskSpec) -> list[str]:
     import difflib
 
     from ..entries import is_task_file
-    from ..registry import PATH_LOADERS, registry
+    from ..kinds import PATH_LOADERS
+    from ..registry import registry
     from ..specs import COMPONENT_KINDS, TASK_ENTRYPOINTS
 
     problems = []
