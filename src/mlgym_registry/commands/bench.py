@@ -85,9 +85,11 @@ def main(args: argparse.Namespace) -> int:
     model = suite.safe_name(args.model_name) if args.model_name else suite.policy_model_name(args.policy)
     engine = None
     if args.ray is not None:
-        from ..scale.ray_runtime import import_ray
+        from ..scale.ray_runtime import check_reachable, import_ray
 
         import_ray()
+        if args.ray:
+            check_reachable(args.ray)  # an address nobody answers fails now, before the envs' imports
         engine = "ray"
     elif args.num_envs > 1:
         from ..scale.workers import start_worker_server
