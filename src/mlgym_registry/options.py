@@ -96,8 +96,8 @@ def instance_of(description: str, *types: type, optional: bool = False) -> Rule:
 
 def one_of(*values: str) -> Rule:
     """One of the strings ``values``."""
-    words = ", ".join(repr(value) for value in values[:-1]) + f" or {values[-1]!r}" if len(values) > 1 else repr(
-        values[0])
+    *first, last = (repr(value) for value in values)
+    words = f"{', '.join(first)} or {last}" if first else last
     return Rule(words, lambda value: isinstance(value, str) and value in values)
 
 
@@ -131,8 +131,9 @@ def check_option(name: str, value: Any) -> None:
         rule.check(name, value)
 
 
-def check_options(values: Mapping[str, Any], rules: OptionRules, owner: str) -> None:
-    """Check each of ``values`` that ``rules`` has a rule for; the error names ``owner`` (``"backend 'local'"``)."""
+def check_options(values: Mapping[str, Any], rules: OptionRules, owner: str | None = None) -> None:
+    """Check each of ``values`` that ``rules`` has a rule for; the error names ``owner``, when given (``"an option of
+    backend 'local'"``)."""
     for name, value in values.items():
         rule = rules.get(name)
         if rule is not None:
@@ -172,8 +173,9 @@ def validate_task_options(spec: Any, backend_options: Mapping[str, Any], accepte
 
     ``accepted`` is the set of option names the backend takes (None when it takes any keyword).
     """
-    for name in SPEC_RULES:
-        check_option(name, getattr(spec, name, None if name != "score_format_exit" else False))
+    check_options({"max_steps": spec.max_steps, "training_timeout": spec.training_timeout,
+                   "failure_reward": getattr(spec, "failure_reward", None),
+                   "score_format_exit": getattr(spec, "score_format_exit", False)}, SPEC_RULES)
     worst = getattr(spec, "worst_score", None) or {}
     if not isinstance(worst, Mapping) or not all(isinstance(k, str) and is_number(v) for k, v in worst.items()):
         raise InvalidOptionError(

@@ -34,7 +34,6 @@ SPEC_OVERRIDES = ("max_steps", "failure_reward", "score_format_exit")
 """``make`` keywords that change the task spec itself (besides the component names)."""
 
 
-
 def adopt_pool_being_built() -> None:
     """Called as an env factory is pickled, maybe for the worker of a TorchRL ``AsyncEnvPool`` being set up: make that
     pool close its envs when it is closed (``transforms.pools.adopt_pool``). Nothing to do, and nothing imported,

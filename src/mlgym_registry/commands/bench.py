@@ -85,11 +85,9 @@ def main(args: argparse.Namespace) -> int:
     model = suite.safe_name(args.model_name) if args.model_name else suite.policy_model_name(args.policy)
     engine = None
     if args.ray is not None:
-        from ..scale.ray_runtime import check_reachable, import_ray
+        from ..scale.ray_runtime import check_ray
 
-        import_ray()
-        if args.ray:
-            check_reachable(args.ray)  # an address nobody answers fails now, before the envs' imports
+        check_ray(args.ray)
         engine = "ray"
     elif args.num_envs > 1:
         from ..scale.workers import start_worker_server

@@ -198,11 +198,9 @@ def main(args: argparse.Namespace) -> int:
         raise InvalidOptionError(f"--cpus-per-env {args.cpus_per_env:g}: each actor needs a CPU share above 0 "
                                  f"(e.g. 0.5)")
     if args.ray is not None:
-        from ..scale.ray_runtime import check_reachable, import_ray
+        from ..scale.ray_runtime import check_ray
 
-        import_ray()  # without the extra: say how to install it, before any folder is made
-        if args.ray:
-            check_reachable(args.ray)  # an address nobody answers fails now, before the envs' imports (seconds)
+        check_ray(args.ray)  # no Ray, or an address nobody answers: said now, before any folder is made
     elif args.cpus_per_env is not None:
         raise InvalidOptionError("--cpus-per-env is for --ray runs; add --ray (or --ray ADDRESS)")
     episodes_per_env(args)  # a count that does not divide among the envs: refused before any folder is made

@@ -58,6 +58,15 @@ def import_ray() -> ModuleType:
     return ray
 
 
+def check_ray(address: str | None) -> None:
+    """What a command checks before it makes any folder or imports what the envs need (seconds, under load tens of
+    seconds): Ray is installed (``RayUnavailable`` otherwise) and, for an ``address``, something answers there
+    (``RayConnectionError`` otherwise)."""
+    import_ray()
+    if address:
+        check_reachable(address)
+
+
 LOOPBACK_ENVIRONMENT = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 """Makes Ray use 127.0.0.1 as this node's address (and bind there) instead of the machine's outward address."""
 
