@@ -50,6 +50,7 @@ MOVED: dict[str, str] = {
     "serving": "faces.openenv",
     "tiny_model": "testing.tiny_model",
     "validation": "options",
+    "tasks.mlgym_metrics": "scores",
 }
 """Each old module name (under the package) and the name it has now."""
 

@@ -17,8 +17,71 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .backends.protocol import AGENT_ERROR, EVALUATION_OK, EVALUATION_STATUS_KEY, INFRA_ERROR, INVALID_SUBMISSION
-from .tasks.mlgym_metrics import RankingMetric, mlgym_ranking_metric
+EVALUATION_OK = "ok"
+INVALID_SUBMISSION = "invalid_submission"
+AGENT_ERROR = "agent_error"
+INFRA_ERROR = "infra_error"
+EVALUATION_STATUSES = (EVALUATION_OK, INVALID_SUBMISSION, AGENT_ERROR, INFRA_ERROR)
+"""How an evaluation (a validate, a submit or an autosubmission) ended:
+
+- ``ok``: the pristine evaluator scored the submission with finite metrics (they were appended to ``info["score"]``);
+- ``invalid_submission``: there was nothing valid to score (no artefact, a file the evaluator rejects, non-finite
+  metrics, a workspace that cannot be read as the agent left it or that is over the env's bounds or disk quota);
+- ``agent_error``: the agent's code raised, timed out, ran out of memory or processes, or answered with no valid value;
+- ``infra_error``: the evaluation failed for a reason that is not the agent's, judged from the host independently of
+  what the agent did (a missing package, the harness or the evaluator itself failing, a backend that cannot evaluate
+  the task, a host disk that is full while the env is within its own quota). Never paid as the agent's outcome, so a
+  failure the agent's own actions caused (files it locked, its disk quota used up) is never one.
+"""
+
+EVALUATION_STATUS_KEY = "evaluation_status"
+"""The optional ``info`` key where a backend says how this step's evaluation ended (one of
+``EVALUATION_STATUSES``; empty when the step evaluated nothing). The env infers it for backends that do not say."""
+
+
+# -- MLGym's ranking metrics -------------------------------------------------------------------------------------------
+# The metric MLGym ranks each of its own tasks by, and whether higher or lower is better.
+#
+# These are facts from MLGym's published analysis (its per-task ``priority_metric`` and ``metric_direction``); MLGym's
+# task files do not carry them. A task whose metric dicts hold several keys (3-SAT's ``Time``/``Correct``/
+# ``Incorrect``, the regressions' ``rmse``/``r2``, the RL tasks' ``Reward Mean``/``Reward Std``) or whose metric is a
+# loss needs them for a reward to point the right way. Variants of a task (``...L1``, ``...Reinforce``) report the
+# same metrics as the task they vary.
+@dataclass(frozen=True)
+class RankingMetric:
+    """The metric to reward and its direction: ``"max"`` (higher is better) or ``"min"``."""
+
+    name: str
+    direction: str = "max"
+
+
+_BY_TASK: dict[str, RankingMetric] = {
+    "3SATTime": RankingMetric("Time", "min"),
+    "battleOfSexes": RankingMetric("Score"),
+    "blotto": RankingMetric("Score"),
+    "prisonersDilemma": RankingMetric("Score"),
+    "imageCaptioningCOCO": RankingMetric("BLEU Score"),
+    "imageClassificationCifar10": RankingMetric("accuracy"),
+    "imageClassificationCifar10L1": RankingMetric("accuracy"),
+    "imageClassificationFMnist": RankingMetric("accuracy"),
+    "languageModelingFineWeb": RankingMetric("val_loss", "min"),
+    "naturalLanguageInferenceMNLI": RankingMetric("validation_accuracy"),
+    "regressionHousePrice": RankingMetric("r2"),
+    "regressionHousingPrice": RankingMetric("r2"),
+    "regressionKaggleHousePrice": RankingMetric("r2"),
+    "regressionKaggleHousePriceL1": RankingMetric("r2"),
+    "rlBreakoutMinAtar": RankingMetric("Reward Mean"),
+    "rlMetaMazeMisc": RankingMetric("Reward Mean"),
+    "rlMountainCarContinuous": RankingMetric("Reward Mean"),
+    "rlMountainCarContinuousReinforce": RankingMetric("Reward Mean"),
+    "titanicSurvival": RankingMetric("accuracy"),  # what its evaluate.py prints (its baseline says "Accuracy")
+}
+
+
+def mlgym_ranking_metric(task_id: str) -> RankingMetric | None:
+    """MLGym's ranking metric for one of its tasks, by MLGym's id (``mlgym/`` prefix allowed), else None."""
+    return _BY_TASK.get(task_id.removeprefix("mlgym/"))
+
 
 VALIDATION_PREFIX = "Your code produced a valid submission artefact at "
 """How MLGym's successful ``validate`` observation starts (an interface string)."""

@@ -23,8 +23,8 @@ from mlgym_registry.components.rewards import (
     submission_metrics,
 )
 from mlgym_registry.components.templates import STATUS_BLOCK
+from mlgym_registry.scores import mlgym_ranking_metric
 from mlgym_registry.specs import TaskSpec
-from mlgym_registry.tasks.mlgym_metrics import mlgym_ranking_metric
 
 reward = ScoreDeltaReward()
 PD = TaskSpec(id="prisonersDilemma", baseline_scores=[{"Score": 2.3716301918029785}])

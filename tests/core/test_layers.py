@@ -20,10 +20,10 @@ NAME = "mlgym_registry"
 
 LAYERS: list[set[str]] = [
     # 0, the helpers every layer uses: errors, hook specs, task specs and their submission schemas, options, seeds,
-    # scores (with the backend contract's evaluation statuses and MLGym's table of ranking metrics they read), and
+    # scores (the evaluation statuses, MLGym's table of ranking metrics, its score text), and
     # MLGym's tool language (the commands, their signatures and docs) that backends, components and policies speak
     {"errors", "hookspecs", "specs", "submissions", "options", "seeding", "terminal", "bounded_json", "_moved",
-     "episodes.rules", "scores", "backends.protocol", "tasks.mlgym_metrics", "tool_language", "kinds"},
+     "episodes.rules", "scores", "tool_language", "kinds"},
     # 1, the plugin host: what a registered name is, loading plugins, the registry
     {"entries", "plugins", "registry"},
     # 2, the plugins' kinds, and what a task needs before it runs

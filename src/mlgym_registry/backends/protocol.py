@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..scores import (  # the statuses are the scores' facts; the contract names them
+    AGENT_ERROR,
+    EVALUATION_OK,
+    EVALUATION_STATUS_KEY,
+    EVALUATION_STATUSES,
+    INFRA_ERROR,
+    INVALID_SUBMISSION,
+)
+from ..tool_language import ToolSet
 
-@dataclass
-class ToolSet:
-    """What the agent's shell offers once its tools are installed; fills ``{command_docs}`` and ``{WINDOW}``."""
-
-    command_docs: str
-    env_variables: dict[str, str] = field(default_factory=dict)
-    state_command: str = "state"
+__all__ = ["AGENT_ERROR", "EVALUATION_OK", "EVALUATION_STATUSES", "EVALUATION_STATUS_KEY", "INFRA_ERROR",
+           "INVALID_SUBMISSION", "Backend", "ToolSet", "new_info"]
 
 
 @runtime_checkable
@@ -59,28 +62,6 @@ class Backend(Protocol):
 
 INFO_KEYS = ("model_stats", "exit_status", "submission", "score", "summarizer")
 """The keys of every ``info`` dict a backend's ``step`` returns (MLGym's ``AgentInfo``)."""
-
-
-EVALUATION_OK = "ok"
-INVALID_SUBMISSION = "invalid_submission"
-AGENT_ERROR = "agent_error"
-INFRA_ERROR = "infra_error"
-EVALUATION_STATUSES = (EVALUATION_OK, INVALID_SUBMISSION, AGENT_ERROR, INFRA_ERROR)
-"""How an evaluation (a validate, a submit or an autosubmission) ended:
-
-- ``ok``: the pristine evaluator scored the submission with finite metrics (they were appended to ``info["score"]``);
-- ``invalid_submission``: there was nothing valid to score (no artefact, a file the evaluator rejects, non-finite
-  metrics, a workspace that cannot be read as the agent left it or that is over the env's bounds or disk quota);
-- ``agent_error``: the agent's code raised, timed out, ran out of memory or processes, or answered with no valid value;
-- ``infra_error``: the evaluation failed for a reason that is not the agent's, judged from the host independently of
-  what the agent did (a missing package, the harness or the evaluator itself failing, a backend that cannot evaluate
-  the task, a host disk that is full while the env is within its own quota). Never paid as the agent's outcome, so a
-  failure the agent's own actions caused (files it locked, its disk quota used up) is never one.
-"""
-
-EVALUATION_STATUS_KEY = "evaluation_status"
-"""The optional ``info`` key where a backend says how this step's evaluation ended (one of
-``EVALUATION_STATUSES``; empty when the step evaluated nothing). The env infers it for backends that do not say."""
 
 
 def new_info() -> dict[str, Any]:

@@ -29,7 +29,7 @@ from ..records.recorded_files import first_windows, task_kept, with_recorded_sta
 from ..records.regular_files import split_regular
 from ..records.trajectories import load_recorded
 from ..records.trust import RecordSettings, check_record, read_record
-from ..tasks.mlgym_metrics import mlgym_ranking_metric
+from ..scores import mlgym_ranking_metric
 from ..terminal import printable
 from .out_folder import OutFolder, default_out
 from .run import (

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..tasks.mlgym_metrics import mlgym_ranking_metric
+from ..scores import mlgym_ranking_metric
 
 MLGYM_TASK_TITLES: dict[str, str] = {
     "regressionKaggleHousePrice": "House Price",

@@ -20,8 +20,8 @@ from typing import Any
 
 from ..errors import InvalidTaskError
 from ..hookspecs import hookimpl
+from ..scores import mlgym_ranking_metric
 from ..specs import TaskSpec, load_task_yaml
-from .mlgym_metrics import mlgym_ranking_metric
 from .mlgym_overlay import (
     overlay_baseline,
     overlay_extras,

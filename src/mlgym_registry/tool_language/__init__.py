@@ -10,10 +10,19 @@ tools, the tiny model's chat template lists them.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backends.protocol import ToolSet
+
+@dataclass
+class ToolSet:
+    """What the agent's shell offers once its tools are installed; fills ``{command_docs}`` and ``{WINDOW}``."""
+
+    command_docs: str
+    env_variables: dict[str, str] = field(default_factory=dict)
+    state_command: str = "state"
+
 
 COMMANDS_FILE = Path(__file__).parent / "commands.yaml"
 """The documented tool commands."""
