@@ -132,6 +132,33 @@ def test_dense_stacking_of_envs_at_different_lengths_keeps_each_conversation():
     assert_nothing_left(before)
 
 
+def test_a_tokens_policy_takes_a_pool_batch_of_conversations_at_different_lengths():
+    """What ``LLMCollector`` hands its policy when two envs of a pool finish a step together: a batch whose
+    conversations differ in length. TorchRL's ``TransformersWrapper`` in tokens mode generates for both and the pool
+    steps both (in history mode TorchRL 0.14 cannot take such a batch; docs/training.md says so)."""
+    from torchrl.envs import AsyncEnvPool
+    from torchrl.modules.llm import TransformersWrapper
+
+    from mlgym_registry.testing.tiny_model import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    policy = TransformersWrapper(tiny_model(tokenizer), tokenizer=tokenizer, input_mode="tokens", generate=True,
+                                 generate_kwargs={"max_new_tokens": 4, "do_sample": False})
+    make_env = functools.partial(registry.make, TASK, input_mode="tokens", tokenizer=tokenizer, max_turns=4)
+    pool = AsyncEnvPool([make_env] * 2, backend="threading")
+    td = pool.reset()
+    pool.async_step_and_maybe_reset_send(policy(td[:1]))  # env 0 only
+    _, ahead = pool.async_step_and_maybe_reset_recv(min_get=1)
+    td = torch.stack([ahead[0], td[1]])
+    prompts = [td[i, 0]["tokens", "prompt"].numel() for i in range(2)]
+    assert prompts[0] > prompts[1]
+    pool.async_step_and_maybe_reset_send(policy(td))
+    _, td = pool.async_step_and_maybe_reset_recv(min_get=2)
+    assert sorted(td["history", "prompt"][i].batch_size[-1] for i in range(2)) == [4, 6]
+    pool.close()
+    assert pool.is_closed
+
+
 def test_a_threading_pool_closes_every_env_and_its_sandbox():
     from torchrl.envs import AsyncEnvPool
 
