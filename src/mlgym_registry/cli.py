@@ -25,7 +25,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("mlgym_registry.commands.run", "run an episode of a task with a policy and record it"),
     "replay": ("mlgym_registry.commands.replay", "replay a recorded MLGym .traj through our env and report"),
     "check": ("mlgym_registry.commands.check",
-              "check a task (files, evaluator, baseline), or a plugin's components (--plugin, --kind)"),
+              "check a task (files, evaluator, baseline), audit its reward (--integrity), or a plugin's components "
+              "(--plugin, --kind)"),
     "report": ("mlgym_registry.commands.report", "tables, ranks and AUP over recorded runs, as MLGym publishes them"),
     "bench": ("mlgym_registry.commands.bench", "play K runs of each task with a policy, in MLGym's layout (resumable)"),
     "prepare": ("mlgym_registry.commands.prepare",
@@ -45,6 +46,9 @@ that cannot be read or written."""
 def cmd_list(args: argparse.Namespace) -> int:
     """Print every registered name (of one kind with ``--kind``): name, kind, provider, description."""
     rows = [c.to_dict() for c in registry.describe(args.kind)]
+    for row in rows:
+        if row["kind"] == "task":
+            _mark_integrity(row)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -54,7 +58,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     widths = [max(len(str(r[k] or "")) for r in rows) for k in ("name", "kind", "distribution")]
     for row in rows:
         name, kind, dist = (str(row[k] or "") for k in ("name", "kind", "distribution"))
-        line = f"{name:<{widths[0]}}  {kind:<{widths[1]}}  {dist:<{widths[2]}}  {row['description']}"
+        failed = " [integrity audit FAILED]" if str(row.get("integrity", "")).startswith("integrity: FAILED") else ""
+        line = f"{name:<{widths[0]}}  {kind:<{widths[1]}}  {dist:<{widths[2]}}  {row['description']}{failed}"
         print(line.rstrip())
     return 0
 
@@ -71,8 +76,22 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:  # a task YAML file given by its path
         registration = {"name": args.name, "kind": "task", "source": spec.source or args.name}
     components = {kind: registry.entry(kind, getattr(spec, kind)).info().to_dict() for kind in spec.components}
-    print(_dump({"task": spec.to_dict(), "registration": registration, "components": components}, args.json))
+    from .integrity.report import integrity_label
+
+    print(_dump({"task": spec.to_dict(), "registration": registration, "components": components,
+                 "integrity": integrity_label(spec)}, args.json))
     return 0
+
+
+def _mark_integrity(row: dict) -> None:
+    """Add the task's last integrity audit to its ``list`` row, when there is one for the task as it is now."""
+    from .integrity.report import has_result, integrity_label
+
+    if has_result(row["name"]):
+        try:
+            row["integrity"] = integrity_label(registry.spec(row["name"]))
+        except Exception:  # noqa: BLE001 - a task that cannot load is listed as it is; `info` shows its error
+            pass
 
 
 def _component_kind(name: str) -> str:

@@ -61,3 +61,10 @@ def register_history_processors(register: Register) -> None:
 @hookspec
 def register_action_isolators(register: Register) -> None:
     """Register action isolators: ``isolator(response: str, parser) -> action``; ``FormatError`` on no action."""
+
+
+@hookspec
+def register_canaries(register: Register) -> None:
+    """Register canary sets for the integrity audit: ``canaries(spec: TaskSpec) -> Iterable[Canary]``
+    (``mlgym_registry.integrity.Canary``), the behaviours ``check --integrity`` plays against a task; return none for
+    a task the set does not apply to."""

@@ -24,6 +24,8 @@ class Kind:
     """What messages call one of them (``"reward assigner 'shaped'"``)."""
     path_loader: str | None = None
     """For a kind whose name may be a path to a file: the ``module:attribute`` that loads that file."""
+    component: bool = True
+    """Whether a task spec names one of this kind (its component field); canary sets serve the audit, not a task."""
 
 
 KIND_TABLE: tuple[Kind, ...] = (
@@ -34,12 +36,13 @@ KIND_TABLE: tuple[Kind, ...] = (
     Kind("reward", "register_reward_assigners", "reward assigner"),
     Kind("isolator", "register_action_isolators", "action isolator"),
     Kind("history", "register_history_processors", "history processor"),
+    Kind("canary", "register_canaries", "canary set", component=False),
 )
 """Every kind, tasks first."""
 
 KINDS: tuple[str, ...] = tuple(kind.name for kind in KIND_TABLE)
-COMPONENT_KINDS: tuple[str, ...] = KINDS[1:]
-"""The kinds a task spec names (all but ``task``)."""
+COMPONENT_KINDS: tuple[str, ...] = tuple(kind.name for kind in KIND_TABLE[1:] if kind.component)
+"""The kinds a task spec names (all but ``task`` and the audit's canary sets)."""
 
 HOOKS_BY_KIND: dict[str, str] = {kind.name: kind.hook for kind in KIND_TABLE}
 LABELS: dict[str, str] = {kind.name: kind.label for kind in KIND_TABLE}

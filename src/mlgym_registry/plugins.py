@@ -33,6 +33,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "mlgym_registry.backends.plugin",
     "mlgym_registry.tasks.plugin",
     "mlgym_registry.tasks.mlgym_source",
+    "mlgym_registry.integrity.plugin",
 )
 """The package's own plugins, registered exactly like third-party ones, before any entry point."""
 

@@ -36,8 +36,8 @@ LAYERS: list[set[str]] = [
     {"episodes"},
     # 6, many envs at once
     {"scale"},
-    # 7, evaluating models over suites of runs
-    {"evaluation"},
+    # 7, evaluating models over suites of runs, and auditing a task's reward with canaries
+    {"evaluation", "integrity"},
     # 8, the faces other libraries see, and the plugin authors' kit
     {"faces", "client", "testing"},
     # 9, the command line and the package's front door

@@ -210,7 +210,7 @@ def test_make_takes_a_name_or_tasks_not_both():
 
 def test_errors_are_part_of_the_public_api():
     assert issubclass(FormatError, ValueError)
-    assert set(KINDS) == {"task", "backend", "parser", "template", "reward", "isolator", "history"}
+    assert set(KINDS) == {"task", "backend", "parser", "template", "reward", "isolator", "history", "canary"}
 
 
 AGENT_YAML = """\

@@ -4,6 +4,9 @@ Loads the task (a registered name or a task YAML file), checks that its files ex
 starter code a few times with different seeds, prints the metrics, and compares the recorded baseline with the fresh
 runs. Exit code 0 when everything holds, 1 when something does not.
 
+``check --integrity TASK...`` audits each task's reward: it plays the canary suite (``mlgym_registry.integrity``)
+through the task's real env and prints a table per task; exit 1 when any canary beats honesty or a reference fails.
+
 ``check --plugin DIST`` checks every component an installed distribution registered, and ``check --kind KIND NAME``
 one component: each lazy reference is imported (an import or syntax error is that component's failure, naming the
 module) and the conformance kit's check for its kind runs on it; one line per component, exit 1 when any fails.
@@ -20,8 +23,16 @@ from ..options import cli_integer
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``check``."""
-    parser.add_argument("task", metavar="PATH_OR_NAME", nargs="?",
-                        help="a registered task name or a task YAML file (with --kind: a component's name)")
+    parser.add_argument("task", metavar="PATH_OR_NAME", nargs="*",
+                        help="a registered task name or a task YAML file (with --kind: a component's name; with "
+                             "--integrity: one or more tasks)")
+    parser.add_argument("--integrity", action="store_true",
+                        help="audit the tasks' rewards: play the canary suite against each and print what it paid")
+    parser.add_argument("--reward", action="append", metavar="NAME",
+                        help="with --integrity: judge under this reward (repeatable; default: the task's own and "
+                             "mlgym_best_improvement)")
+    parser.add_argument("--canary", action="append", metavar="NAME",
+                        help="with --integrity: play only this canary besides the references (repeatable)")
     parser.add_argument("--plugin", metavar="DIST",
                         help="check every component the installed distribution DIST registered")
     parser.add_argument("--kind", choices=KINDS, help="check NAME as a component of this kind (default: task)")
@@ -34,6 +45,13 @@ def main(args: argparse.Namespace) -> int:
     """Check the task (or the plugin's components, or one component) and print what was found."""
     from ..testing import check_task
 
+    if args.integrity:
+        return _check_integrity(args)
+    if args.reward or args.canary:
+        raise SystemExit("--reward and --canary go with --integrity")
+    if len(args.task) > 1:
+        raise SystemExit(f"check takes one PATH_OR_NAME (got {len(args.task)}); --integrity takes several")
+    args.task = args.task[0] if args.task else None
     if args.plugin is not None or (args.kind not in (None, "task")):
         return _check_components(args)
     if args.task is None:
@@ -67,6 +85,31 @@ def main(args: argparse.Namespace) -> int:
         print(f"  PROBLEM: {problem}")
     print("OK" if report.ok else "FAILED")
     return 0 if report.ok else 1
+
+
+def _check_integrity(args: argparse.Namespace) -> int:
+    """``--integrity TASK...``: the audit's table per task (or JSON), saved for ``list`` and ``info``; exit 1 when
+    any task failed it."""
+    from ..integrity import audit
+    from ..integrity.report import save_result
+    from ..terminal import printable
+
+    if not args.task:
+        raise SystemExit("check --integrity needs one or more tasks (PATH_OR_NAME)")
+    if args.plugin is not None or args.kind not in (None, "task"):
+        raise SystemExit("check --integrity audits tasks; it takes no --plugin or --kind")
+    for name in args.task:
+        _refuse_components(name)
+    reports = []
+    for name in args.task:
+        report = audit(name, rewards=args.reward, canaries=args.canary)
+        save_result(report)
+        reports.append(report)
+        if not args.json:
+            print(printable(report.table()), flush=True)
+    if args.json:
+        print(json.dumps([report.to_dict() for report in reports], indent=2))
+    return 0 if all(report.ok for report in reports) else 1
 
 
 def _check_components(args: argparse.Namespace) -> int:

@@ -41,7 +41,8 @@ def register_reward_assigners(register):
     register("mlgym_score_delta", f"{_PKG}.rewards:ScoreDeltaReward",
              description="The evaluator's score minus the task's baseline at EVERY real validate and at the final "
                          "submission (the reference chain's reward: sums grow with validates, so train with "
-                         "mlgym_best_improvement); failures pay the task's floor, infra errors 0.")
+                         "mlgym_best_improvement); failures pay the task's floor, infra errors 0.",
+             farmable=True)  # documented: the integrity audit reports its farming, and does not fail a task on it
     register("mlgym_best_improvement", f"{_PKG}.rewards:BestImprovementReward",
              description="Pays only improvements of the episode's best score (the first score pays score minus "
                          "baseline): an episode sums to its best score minus the baseline however often it "

@@ -9,6 +9,8 @@ expects. They return normally when the component conforms::
 
 ``registered_plugin`` is a pytest fixture that adds a plugin to the registry for one test and removes it after;
 expose it to your tests with ``from mlgym_registry.testing import registered_plugin`` in your ``conftest.py``.
+``integrity_audit`` (a fixture) and ``check_integrity`` run the integrity audit of a task and fail when a canary
+beats honest play.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .history import (
     check_history_processor,
     example_conversation,
 )
+from .integrity import check_integrity, integrity_audit
 from .isolators import (
     COMMAND_HOSTILE_REPLIES,
     EDIT_ACTION,
@@ -93,6 +96,7 @@ __all__ = [
     "check_backend",
     "check_component",
     "check_history_processor",
+    "check_integrity",
     "check_isolator",
     "check_isolator_hostile",
     "check_parser",
@@ -102,6 +106,7 @@ __all__ = [
     "check_task",
     "check_template",
     "example_conversation",
+    "integrity_audit",
     "isolator_responses",
     "registered_plugin",
     "run_evaluator",

@@ -1,0 +1,73 @@
+"""Audit every task of our suite (and each MLGym task an MLGym checkout at $MLGYM_ROOT provides) and print the
+integrity table that docs/tasks.md publishes; ``--write`` puts it in docs/tasks.md between its markers.
+
+    python bench/integrity_table.py [--write] [TASK ...]
+
+Each row is one task's audit (``mlgym_registry.integrity.audit``, every canary, the task's own reward and
+mlgym_best_improvement): how many canaries ran, which failed, the gameability gap under each reward and what the
+audit cost per canary on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "tasks.md"
+START, END = "<!-- integrity-table:start -->", "<!-- integrity-table:end -->"
+
+
+def task_names(asked: list[str]) -> list[str]:
+    from mlgym_registry import registry
+    from mlgym_registry.tasks.baselines import suite_task_names
+
+    if asked:
+        return asked
+    names = suite_task_names()
+    if os.environ.get("MLGYM_ROOT"):
+        names += [name for name in registry.names("task") if name.startswith("mlgym/")]
+    return names
+
+
+def table(reports: list) -> str:
+    lines = ["| Task | Canaries | Failed | Gap, mlgym_best_improvement | Gap, the task's reward | Per canary |",
+             "|---|---|---|---|---|---|"]
+    for report in reports:
+        failed = ", ".join(f"{r.canary.name} ({r.verdict})" for r in report.failures) or "none"
+        own = report.rewards[0]
+        per = report.seconds / max(1, len(report.results))
+        lines.append(f"| {report.name or report.task} | {len(report.results)} | {failed} | "
+                     f"{report.gap.get('mlgym_best_improvement', 0.0):.3g} | {own}: {report.gap.get(own, 0.0):.3g} | "
+                     f"{per:.1f} s |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tasks", nargs="*", metavar="TASK")
+    parser.add_argument("--write", action="store_true", help="replace the table in docs/tasks.md")
+    args = parser.parse_args(argv)
+    from mlgym_registry.integrity import audit
+
+    reports = []
+    for name in task_names(args.tasks):
+        report = audit(name)
+        print(f"{name}: {'ok' if report.ok else 'FAILED'}, gap {report.gap}, {report.seconds:.0f} s", flush=True)
+        reports.append(report)
+    text = table(reports)
+    print(text)
+    if args.write:
+        page = DOCS.read_text()
+        if START not in page or END not in page:
+            raise SystemExit(f"{DOCS} has no {START} ... {END} markers")
+        page = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: f"{START}\n{text}\n{END}", page,
+                      flags=re.S)
+        DOCS.write_text(page)
+    return 0 if all(report.ok for report in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""The integrity audit of one task: every canary played through the real env, each reward judged against honesty.
+
+``audit(task)`` plays the canary sets registered for the audit (the package's, any plugin's) and the task's own
+``canaries:``, all in the env's sandbox with the task's pristine evaluator; then, for every reward it covers, compares
+each canary's episode reward with the honest reference (the baseline's episode), the floor (what a failed evaluation
+pays) or the reward's promise (farming: an episode sums to its best score minus the baseline). The report's
+``gap`` is, per reward, the best reward any canary reached minus the honest reference (0 when nothing beats honesty).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..specs import TaskSpec
+from .canaries import FLOOR, PROMISE, SHORT_EVALUATION, SMALL_DISK, SMALL_DISK_MB, Canary, declared_canaries
+from .play import Played, play
+
+SEED = 0
+"""The episodes' seed: every canary is played from the same reset, so a score differs only by what the agent did."""
+DEFAULT_REWARDS = ("mlgym_best_improvement",)
+"""Rewards audited besides the task's own."""
+SLOW_LIMIT_FACTOR = 4.0
+SLOW_LIMIT_MIN = 10.0
+"""A canary that waits for the evaluation's limit is played with a limit of this many times the honest episode's
+duration (at least ``SLOW_LIMIT_MIN`` seconds, at most the task's own ``training_timeout``)."""
+
+OK = "ok"
+BEATS_HONESTY = "BEATS HONESTY"
+ABOVE_FLOOR = "ABOVE FLOOR"
+FARMABLE = "FARMABLE"
+DOCUMENTED_FARMING = "farmable (documented)"
+NOT_REPRODUCED = "BASELINE NOT REPRODUCED"
+NONDETERMINISTIC = "NONDETERMINISTIC"
+LEAK = "LEAK"
+ERROR = "ERROR"
+FAILING = (BEATS_HONESTY, ABOVE_FLOOR, FARMABLE, NOT_REPRODUCED, NONDETERMINISTIC, LEAK, ERROR)
+
+
+@dataclass
+class CanaryResult:
+    """One canary's verdict: its episode reward per reward name, the limit it was held to, what the evaluator did."""
+
+    canary: Canary
+    rewards: dict[str, float]
+    limits: dict[str, float]
+    scores: list[dict[str, float]]
+    statuses: list[str]
+    verdict: str
+    detail: str = ""
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in FAILING
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"canary": self.canary.name, "family": self.canary.family, "tries": self.canary.tries,
+                "bound": self.canary.bound, "source": self.canary.source, "rewards": self.rewards,
+                "limits": self.limits, "scores": self.scores, "statuses": self.statuses, "verdict": self.verdict,
+                "detail": self.detail, "seconds": round(self.seconds, 2)}
+
+
+@dataclass
+class IntegrityReport:
+    """The audit of one task: every canary's result, the honest reference and floor per reward, the gap."""
+
+    task: str
+    task_hash: str
+    rewards: list[str]
+    name: str = ""
+    """The name the task was asked for (``mlgym/<id>``, a file's path), kept with the result; '' for its id."""
+    honest: dict[str, float] = field(default_factory=dict)
+    floor: dict[str, float] = field(default_factory=dict)
+    results: list[CanaryResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def gap(self) -> dict[str, float]:
+        """Per reward: the best episode reward of any canary but the references, minus the honest reference."""
+        gaps = {}
+        for name in self.rewards:
+            reached = [r.rewards[name] for r in self.results
+                       if r.canary.family != "reference" and name in r.rewards and math.isfinite(r.rewards[name])]
+            best = max(reached, default=self.honest.get(name, 0.0))
+            gaps[name] = max(0.0, best - self.honest.get(name, 0.0))
+        return gaps
+
+    @property
+    def failures(self) -> list[CanaryResult]:
+        return [result for result in self.results if result.failed]
+
+    @property
+    def ok(self) -> bool:
+        """True when no canary beat honesty, broke its bound or failed to run, and the references held."""
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "task_hash": self.task_hash, "ok": self.ok, "rewards": self.rewards,
+                "honest": self.honest, "floor": self.floor, "gap": self.gap, "notes": self.notes,
+                "seconds": round(self.seconds, 1), "results": [r.to_dict() for r in self.results]}
+
+    def table(self) -> str:
+        """The report as a terminal table: canary, what it tries, its reward per reward name, the limit, verdict."""
+        from .report import render_table
+
+        return render_table(self)
+
+
+def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, canaries: Iterable[str] | None = None,
+          seed: int = SEED, registry: Any = None, on_result: Any = None, **make_options: Any) -> IntegrityReport:
+    """Audit ``task`` (a registered name, a task file or a spec): play every canary, judge it, return the report.
+
+    ``rewards``: the reward names to judge under (default: the task's own and ``mlgym_best_improvement``);
+    ``canaries``: only the canaries of these names (the references are always played); ``on_result`` is called with
+    each ``CanaryResult`` as it is decided; ``make_options`` go to ``registry.make`` (a backend's options, say).
+    """
+    from ..evaluation.settings import task_hash
+    from ..registry import registry as default_registry
+
+    registry = registry or default_registry
+    started = time.monotonic()
+    spec = registry.spec(task)
+    names = list(dict.fromkeys([*(rewards or (spec.reward, *DEFAULT_REWARDS))]))
+    report = IntegrityReport(task=spec.id, task_hash=task_hash(spec), rewards=names,
+                             name=str(spec.registered_as or spec.id))
+    suite = suite_for(spec, registry, report.notes)
+    wanted = set(canaries) if canaries is not None else None
+    if wanted is not None:
+        unknown = wanted - {c.name for c in suite}
+        if unknown:
+            from ..errors import MLGymRegistryError, with_suggestions
+
+            asked = ", ".join(with_suggestions(sorted(unknown), [c.name for c in suite]))
+            raise MLGymRegistryError(f"task {spec.id!r} has no canary {asked}; its canaries: "
+                                     + ", ".join(c.name for c in suite))
+        suite = [c for c in suite if c.family == "reference" or c.name in wanted]
+    assigners = {name: registry.entry("reward", name) for name in names}
+    steps = max([spec.max_steps, *(len(c.commands) + 2 for c in suite)])
+    envs: dict[str, Any] = {}
+    try:
+        parser = registry.component(spec, "parser")
+        played: dict[str, Played] = {}
+        for canary in suite:
+            if canary.limits not in envs:
+                envs[canary.limits] = _make_env(registry, spec, canary.limits, played, steps, make_options,
+                                                report.notes)
+            played[canary.name] = play(envs[canary.limits], spec, canary, seed=seed, parser=parser)
+            result = judge(report, played[canary.name], played, assigners, spec)
+            report.results.append(result)
+            if on_result is not None:
+                on_result(result)
+        _check_leaks(report, played, spec)
+    finally:
+        for env in envs.values():
+            env.close()
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def suite_for(spec: TaskSpec, registry: Any, notes: list[str]) -> list[Canary]:
+    """Every registered canary set's canaries for ``spec`` and the task's own, references first, names unique."""
+    from dataclasses import replace
+
+    found: list[Canary] = []
+    for name in registry.names("canary"):
+        entry = registry.entry("canary", name)
+        canary_set = registry.build("canary", name)
+        made = list(canary_set(spec) or [])
+        for canary in made:
+            if not isinstance(canary, Canary):
+                raise TypeError(f"canary set {name!r} ({entry.distribution or entry.plugin}) returned "
+                                f"{type(canary).__name__}, not an mlgym_registry.integrity.Canary")
+        builtin = entry.distribution == "mlgym-registry"
+        found += [c if builtin else replace(c, source=entry.distribution or entry.plugin or name) for c in made]
+    found += declared_canaries(spec)
+    seen: set[str] = set()
+    unique = []
+    for canary in sorted(found, key=lambda c: c.family != "reference"):
+        if canary.name in seen:
+            notes.append(f"canary {canary.name!r} ({canary.source}) has the name of an earlier one: left out")
+            continue
+        seen.add(canary.name)
+        unique.append(canary)
+    return unique
+
+
+def _make_env(registry: Any, spec: TaskSpec, limits: str, played: dict[str, Played], steps: int,
+              make_options: dict[str, Any], notes: list[str]) -> Any:
+    """The env the canaries of ``limits`` play on: the task's own, or with a tighter evaluation limit or disk."""
+    if limits == SHORT_EVALUATION:
+        limit = _slow_limit(spec, played.get("reference"))
+        notes.append(f"canaries that wait for the evaluation's limit ran with a limit of {limit} s (the task's: "
+                     f"{spec.training_timeout} s)")
+        spec = spec.replace(training_timeout=limit)
+    options = dict(make_options)
+    if limits == SMALL_DISK:
+        from ..options import backend_rules
+
+        rules = backend_rules(registry.get("backend", spec.backend))
+        small = {"max_disk_mb": SMALL_DISK_MB, "max_file_mb": SMALL_DISK_MB // 4}
+        taken = {k: v for k, v in small.items() if k in rules and k not in options}
+        options.update(taken)
+        notes.append(f"the disk-filling canary ran with {taken}" if taken else
+                     f"backend {spec.backend!r} takes no disk quota option: the disk-filling canary wrote at most "
+                     f"64 files of {SMALL_DISK_MB // 4} MB")
+    return registry.make(spec, batch_size=(), max_steps=steps, **options)
+
+
+def _slow_limit(spec: TaskSpec, reference: Played | None) -> int:
+    honest = reference.seconds if reference is not None else SLOW_LIMIT_MIN
+    limit = max(SLOW_LIMIT_MIN, SLOW_LIMIT_FACTOR * honest)
+    return int(math.ceil(min(limit, float(spec.training_timeout or limit))))
+
+
+def _fresh(entry: Any) -> Any:
+    """A new reward assigner of ``entry`` (a registry entry): a class is built again, so no state carries over."""
+    from ..entries import build_component, import_reference
+
+    target = entry.target
+    if isinstance(target, str):
+        target = import_reference(target)
+    return build_component("reward", target)
+
+
+def _tolerance(*values: float) -> float:
+    return 1e-6 * max([1.0, *(abs(v) for v in values if math.isfinite(v))])
+
+
+def failure_total(entry: Any, spec: TaskSpec) -> float:
+    """What ``entry``'s reward pays an episode whose only evaluation, its submission, failed by the agent's fault."""
+    from ..backends.protocol import EVALUATION_STATUS_KEY, EVALUATIONS_KEY, INVALID_SUBMISSION, new_info
+
+    info = {**new_info(), "exit_status": "submission_failed", EVALUATION_STATUS_KEY: INVALID_SUBMISSION,
+            EVALUATIONS_KEY: [INVALID_SUBMISSION]}
+    return float(_fresh(entry)("", info, spec))
+
+
+def judge(report: IntegrityReport, run: Played, played: dict[str, Played], assigners: dict[str, Any],
+          spec: TaskSpec) -> CanaryResult:
+    """The verdict on one played canary (the references set the report's honest totals and floors)."""
+    canary = run.canary
+    played_spec = run.spec or spec
+    totals = {name: math.fsum(run.rewards(_fresh(entry), played_spec)) for name, entry in assigners.items()}
+    result = CanaryResult(canary, totals, {}, run.scores, run.statuses, OK, seconds=run.seconds)
+    if run.error:
+        result.verdict, result.detail = ERROR, run.error
+        return result
+    own = math.fsum(run.env_rewards)
+    if spec.reward in totals and abs(totals[spec.reward] - own) > _tolerance(own):
+        report.notes.append(f"{canary.name}: the env paid {own:g} under {spec.reward}, the audit's reading "
+                            f"{totals[spec.reward]:g}")
+    if canary.family == "reference":
+        return _judge_reference(report, result, run, played, assigners, played_spec)
+    if not report.honest:
+        result.verdict, result.detail = ERROR, "no honest reference to compare with (the reference failed)"
+        return result
+    if canary.bound == PROMISE:
+        return _judge_farming(result, run, assigners, played_spec, report)
+    limits = report.floor if canary.bound == FLOOR else report.honest
+    result.limits = dict(limits)
+    over = {name: totals[name] - limits[name] for name in totals
+            if totals[name] > limits[name] + _tolerance(limits[name], totals[name])}
+    if over:
+        result.verdict = BEATS_HONESTY if any(totals[n] > report.honest[n] + _tolerance(report.honest[n])
+                                              for n in over) else ABOVE_FLOOR
+        result.detail = "; ".join(f"{name} paid {totals[name]:.4g}, {over[name]:.4g} above the {canary.bound} "
+                                  f"({limits[name]:.4g})" for name in over) + _evaluator_said(run)
+    return result
+
+
+def _evaluator_said(run: Played) -> str:
+    scores = f"scores {run.scores}" if run.scores else "no score"
+    return f"; the evaluator gave {scores}, statuses {run.statuses or ['none']}, exit {run.exit_status or '-'}"
+
+
+def _judge_reference(report: IntegrityReport, result: CanaryResult, run: Played, played: dict[str, Played],
+                     assigners: dict[str, Any], spec: TaskSpec) -> CanaryResult:
+    from ..scores import same_metrics
+    from ..tasks.evaluator_runs import compare_baseline
+
+    if not run.scores or (run.statuses and run.statuses[-1] != "ok"):
+        result.verdict = NOT_REPRODUCED
+        result.detail = "the honest baseline was not scored" + _evaluator_said(run)
+        return result
+    if result.canary.name == "reference":
+        report.honest = dict(result.rewards)
+        report.floor = {name: failure_total(entry, spec) for name, entry in assigners.items()}
+        result.limits = dict(report.floor)
+        if spec.baseline:
+            comparison = compare_baseline(spec, [run.scores[-1]])
+            report.notes += [f"baseline: {line}" for line in comparison.lines + comparison.unconfirmed]
+            if comparison.mismatches and not comparison.note:
+                result.verdict = NOT_REPRODUCED
+                result.detail = "; ".join(comparison.mismatches)
+        return result
+    first = played.get("reference")
+    if first is not None and first.scores and not same_metrics(first.scores[-1], run.scores[-1]):
+        result.verdict = NONDETERMINISTIC
+        result.detail = f"the same baseline with the same seed scored {first.scores[-1]}, then {run.scores[-1]}"
+    return result
+
+
+def _judge_farming(result: CanaryResult, run: Played, assigners: dict[str, Any], spec: TaskSpec,
+                   report: IntegrityReport) -> CanaryResult:
+    """Farming is judged as if the baseline were below the submission's score (by ``margin``), so that each
+    evaluation is an improvement: a reward that pays every validate then sums above its promise (the best score
+    minus that baseline), one that pays improvements does not. Read from the episode's own evaluator results."""
+    from ..registry import registry
+    from ..scores import honest_reward, lower_is_better
+
+    good = [s for s in run.scores if s]
+    if not good:
+        result.verdict, result.detail = ERROR, "the farmed submission was never scored" + _evaluator_said(run)
+        return result
+    best = good[0]
+    sign = 1.0 if lower_is_better(spec) else -1.0
+    margin = {k: max(1e-3, 0.1 * abs(v)) for k, v in best.items()}
+    lowered = spec.replace(baseline_scores=[{k: v + sign * margin[k] for k, v in best.items()}])
+    problems, documented = [], []
+    for name, entry in assigners.items():
+        total = math.fsum(run.rewards(_fresh(entry), lowered))
+        promise = max(honest_reward(s, lowered) for s in good)
+        result.limits[name] = promise
+        if total > promise + _tolerance(promise, total):
+            line = f"{name} summed {total:.4g} over {len(good)} scored evaluations where the best pays {promise:.4g}"
+            (documented if registry.entry("reward", name).meta.get("farmable") else problems).append(line)
+    if problems:
+        result.verdict, result.detail = FARMABLE, "; ".join(problems + documented)
+    elif documented:
+        result.verdict, result.detail = DOCUMENTED_FARMING, "; ".join(documented)
+    return result
+
+
+def _check_leaks(report: IntegrityReport, played: dict[str, Played], spec: TaskSpec) -> None:
+    """A canary whose observations show a line of a hidden file read it: a leak, whatever it was paid."""
+    for secret in spec.secret_files:
+        marker = _marker(spec.resolve_path(secret))
+        if marker is None:
+            continue
+        for result in report.results:
+            run = played.get(result.canary.name)
+            if run is not None and any(marker in observation for observation in run.observations):
+                result.verdict = LEAK
+                result.detail = f"the agent's shell showed a line of the hidden {secret}: {marker[:60]!r}"
+
+
+def _marker(path: Path) -> str | None:
+    """A distinctive line of the file at ``path`` (the longest of its first lines, at least 12 characters)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = [handle.readline().strip() for _ in range(50)]
+    except OSError:
+        return None
+    lines = [line for line in lines[1:] if len(line) >= 12] or [line for line in lines if len(line) >= 12]
+    return max(lines, key=len) if lines else None

@@ -1,0 +1,110 @@
+"""Playing one canary: its commands through the task's real env (``registry.make``) and backend, as an agent's.
+
+The canary's commands become responses in the env's parser's format, one per turn, then ``submit``; the env runs
+them in the sandbox and scores with the task's pristine evaluator, exactly as for an agent. The episode's turns are
+kept with their observations and ``info``, so its reward can be read under every reward the audit covers (each a
+fresh assigner fed the same steps, as the env feeds its own).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..policies.base import Policy
+from ..specs import TaskSpec
+from .canaries import Canary
+
+SUBMIT = "submit"
+
+
+class CanaryPolicy(Policy):
+    """Answers with the canary's commands, one per turn, in the env's parser's format; then ``submit``."""
+
+    name = "canary"
+
+    def __init__(self, canary: Canary, parser: Any = None):
+        self.canary = canary
+        self.parser = parser
+        self._queue: list[str] = []
+        self.reset()
+
+    def reset(self, spec: Any = None) -> None:
+        self._queue = [*self.canary.commands, *([SUBMIT] if self.canary.submits else [])]
+
+    def respond(self, messages: Any) -> str:
+        from ..policies.base import PolicyExhausted
+        from ..policies.scripted import in_format
+
+        if not self._queue:
+            raise PolicyExhausted(f"canary {self.canary.name!r} has no command left")
+        return in_format(self.parser, f"canary {self.canary.name}", self._queue.pop(0))
+
+
+@dataclass
+class Played:
+    """One canary's episode: its steps (observation, info, the env's reward) and how it ended."""
+
+    canary: Canary
+    observations: list[str] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    env_rewards: list[float] = field(default_factory=list)
+    spec: TaskSpec | None = None
+    """The spec the env played (the task's, with the audit's overrides)."""
+    seconds: float = 0.0
+    error: str = ""
+    """Why the episode could not be played (the env raised); '' when it was."""
+
+    @property
+    def scores(self) -> list[dict[str, float]]:
+        """Every score the evaluator gave in the episode, in order."""
+        from ..scores import score_entry_metrics
+
+        found = []
+        for entry in (self.infos[-1].get("score") or []) if self.infos else []:
+            try:
+                found.append(score_entry_metrics(entry))
+            except (TypeError, ValueError):
+                continue
+        return found
+
+    @property
+    def statuses(self) -> list[str]:
+        """The status of each evaluation of the episode (``ok``, ``invalid_submission``, ``infra_error``...)."""
+        from ..backends.protocol import EVALUATIONS_KEY
+
+        return list((self.infos[-1].get(EVALUATIONS_KEY) or []) if self.infos else [])
+
+    @property
+    def exit_status(self) -> str:
+        return str(self.infos[-1].get("exit_status") or "") if self.infos else ""
+
+    def rewards(self, reward: Any, spec: TaskSpec | None = None) -> list[float]:
+        """Each step's reward under ``reward`` (a fresh assigner), fed the steps the env fed its own (a step the
+        backend never saw pays 0, as in the env)."""
+        spec = spec or self.spec
+        return [float(reward(observation, info, spec)) if info else 0.0
+                for observation, info in zip(self.observations, self.infos, strict=True)]
+
+
+def play(env: Any, spec: TaskSpec, canary: Canary, *, seed: int, parser: Any = None) -> Played:
+    """Play ``canary`` once on ``env`` (reset with ``seed``); what the env raised is kept in ``error``."""
+    from ..episodes.episode import EpisodePlayer
+
+    played = Played(canary)
+    policy = CanaryPolicy(canary, parser)
+    started = time.monotonic()
+    try:
+        player = EpisodePlayer(env, policy, spec=spec, seed=seed, max_turns=len(canary.commands) + 2)
+        player.start()
+        played.spec = player.base.task.spec
+        while (turn := player.play_turn()) is not None:
+            info = player.base.last_info  # None on a step the backend never saw (a reply it could not parse)
+            played.observations.append(player.base.last_observation if info is not None else "")
+            played.infos.append(dict(info or {}))
+            played.env_rewards.append(turn.reward)
+    except Exception as exc:  # noqa: BLE001 - a canary the env cannot play is reported, and the audit goes on
+        played.error = f"{type(exc).__name__}: {exc}"
+    played.seconds = time.monotonic() - started
+    return played

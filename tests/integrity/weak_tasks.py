@@ -1,0 +1,126 @@
+"""Small tasks written for the integrity audit's tests: an honest one, and weak ones whose evaluators have the holes
+the audit exists to find (they accept duplicated ids, pay an empty submission, are not deterministic, import a
+helper the agent can rewrite). Each is a folder of our own files and a ``TaskSpec`` over it."""
+
+from __future__ import annotations
+
+import random
+import textwrap
+from pathlib import Path
+
+from mlgym_registry.specs import TaskSpec
+
+ROWS = 40
+
+
+def _labels() -> list[tuple[int, int, int]]:
+    """``(id, x, label)`` rows: the label is ``x >= 5`` but for a few flipped rows (never the first)."""
+    rng = random.Random(7)
+    rows = []
+    for index in range(1, ROWS + 1):
+        x = rng.randrange(10)
+        label = int(x >= 5)
+        if index > 1 and rng.random() < 0.2:
+            label = 1 - label
+        rows.append((index, x, label))
+    return rows
+
+
+BASELINE = textwrap.dedent("""\
+    import csv
+    with open("test.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    with open("submission.csv", "w", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow(["id", "label"])
+        for row in rows:
+            out.writerow([row["id"], int(int(row["x"]) >= 5)])
+    """)
+
+READ = textwrap.dedent("""\
+    import argparse, csv, json, math, sys
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--submission_file", default="submission.csv")
+    path = parser.parse_args().submission_file
+    with open("answers.csv", newline="") as handle:
+        answers = {row["id"]: int(row["label"]) for row in csv.DictReader(handle)}
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    """)
+
+HONEST_EVALUATOR = READ + textwrap.dedent("""\
+    if not rows or any(set(row) != {"id", "label"} for row in rows):
+        sys.exit("the submission needs the columns id and label, and a row per id")
+    ids = [row["id"] for row in rows]
+    if len(set(ids)) != len(ids) or set(ids) != set(answers):
+        sys.exit("the submission needs each id of the test set exactly once")
+    if any(row["label"] not in ("0", "1") for row in rows):
+        sys.exit("every label must be 0 or 1")
+    print(json.dumps({"accuracy": sum(int(row["label"]) == answers[row["id"]] for row in rows) / len(rows)}))
+    """)
+
+ACCEPTS_DUPLICATED_IDS = READ + textwrap.dedent("""\
+    # the hole: the rows are scored one by one against the answer of their id, whatever ids they repeat or leave out
+    scored = [int(row["label"]) == answers[row["id"]] for row in rows if row.get("id") in answers]
+    if not scored:
+        sys.exit("nothing to score")
+    print(json.dumps({"accuracy": sum(scored) / len(scored)}))
+    """)
+
+PAYS_AN_EMPTY_SUBMISSION = READ + textwrap.dedent("""\
+    # the hole: an empty submission has no wrong answer, so it is paid as perfect
+    if not rows:
+        print(json.dumps({"accuracy": 1.0}))
+        sys.exit(0)
+    ids = [row["id"] for row in rows]
+    if len(set(ids)) != len(ids) or set(ids) != set(answers):
+        sys.exit("the submission needs each id of the test set exactly once")
+    print(json.dumps({"accuracy": sum(int(row["label"]) == answers[row["id"]] for row in rows) / len(rows)}))
+    """)
+
+NONDETERMINISTIC = HONEST_EVALUATOR.replace(
+    'print(json.dumps({"accuracy": ',
+    'import random\nprint(json.dumps({"accuracy": random.SystemRandom().random() / 100 + ')
+
+
+def csv_task(folder: Path, evaluator: str, task_id: str) -> TaskSpec:
+    """A CSV-submission task in ``folder``: a test set without labels, hidden answers, a baseline script and
+    ``evaluator``; its recorded baseline is what the honest evaluator gives the baseline."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = _labels()
+    (folder / "test.csv").write_text("id,x\n" + "".join(f"{i},{x}\n" for i, x, _ in rows))
+    (folder / "answers.csv").write_text("id,label\n" + "".join(f"{i},{y}\n" for i, _, y in rows))
+    (folder / "baseline.py").write_text(BASELINE)
+    (folder / "evaluate.py").write_text(evaluator)
+    accuracy = sum(int(x >= 5) == y for _, x, y in rows) / len(rows)
+    return TaskSpec(
+        id=task_id, name=task_id, description="Label each row of test.csv (0 or 1) in submission.csv: id,label.",
+        task_entrypoint="CSVSubmissionTasks", training_timeout=60, root=str(folder),
+        starter_code=["test.csv", "answers.csv", "baseline.py", "evaluate.py"], baseline_paths=["baseline.py"],
+        baseline_scores=[{"accuracy": accuracy}], worst_score={"accuracy": 0.0}, evaluation_paths=["evaluate.py"],
+        evaluation_read_only=True, secret_files=["answers.csv"], max_steps=20,
+    )
+
+
+def helper_task(folder: Path, task_id: str = "weakHelper") -> TaskSpec:
+    """A Python-submission task whose evaluator imports its scoring from ``scoring.py``, a workspace file it does
+    not protect: the agent can rewrite how it is scored."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "scoring.py").write_text(textwrap.dedent("""\
+        def score(answers):
+            return sum(answer == 2 * i for i, answer in enumerate(answers)) / 10
+        """))
+    (folder / "evaluate.py").write_text(textwrap.dedent("""\
+        import json
+        import scoring
+        import strategy
+        print(json.dumps({"Score": scoring.score([strategy.answer(i) for i in range(10)])}))
+        """))
+    (folder / "strategy.py").write_text("def answer(i):\n    return 2 * i if i < 5 else 0\n")
+    return TaskSpec(
+        id=task_id, name=task_id, description="Make answer(i) in strategy.py return twice i.",
+        task_entrypoint="PythonSubmissionTasks", training_timeout=60, root=str(folder),
+        starter_code=["scoring.py", "evaluate.py", "strategy.py"], baseline_paths=["evaluate.py"],
+        baseline_scores=[{"Score": 0.5}], worst_score={"Score": 0.0}, evaluation_paths=["evaluate.py"],
+        evaluation_read_only=True, max_steps=20,
+    )
