@@ -167,3 +167,29 @@ def test_ray_llm_collector_over_a_tiny_offline_model(session):
         assert [q for row in batch["query"] for q in row] == [TASK, TASK]
         assert all(isinstance(text, str) for row in batch["text", "response"] for text in row)
     wait_until_idle(session)  # shutdown() ends the actor too (TorchRL's leaves it alive)
+
+
+def test_torchrl_collector_with_the_ray_backend_takes_our_env_factory(session):
+    """docs/scaling.md's ``Collector(..., backend="ray")``: TorchRL's own collector over our ``EnvFactory``, with the
+    Ray options that page gives."""
+    from torchrl.collectors import Collector
+    from torchrl.weight_update import NoWeightSyncScheme
+
+    from mlgym_registry.scale.parallel import EnvFactory
+
+    collector = Collector(
+        EnvFactory.from_spec(TASK), TextPolicy("scripted", task_id=TASK), backend="ray", num_collectors=2,
+        frames_per_batch=4, total_frames=8,
+        backend_options={
+            "remote_configs": {"num_cpus": 1},
+            "collector_kwargs": {"auto_register_policy_transforms": False},
+            "weight_sync_schemes": {"policy": NoWeightSyncScheme()},
+        },
+    )
+    try:
+        batches = [batch for batch in collector]  # noqa: C416 - list() asks TorchRL 0.14's RayCollector its len()
+    finally:
+        collector.shutdown()
+    assert sum(batch.numel() for batch in batches) == 8
+    assert all(frame == TASK for batch in batches for frame in batch.reshape(-1)["query"])
+    wait_until_idle(session)
