@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from mlgym_registry import registry
+from mlgym_registry import testing as kit
 from mlgym_registry.hookspecs import hookimpl
 from mlgym_registry.integrity import FLOOR, Canary, audit
 from mlgym_registry.integrity.audit import BEATS_HONESTY, DOCUMENTED_FARMING, FARMABLE, NONDETERMINISTIC, OK
@@ -22,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import weak_tasks  # noqa: E402 - the tasks of this folder
 
 BEST = "mlgym_best_improvement"
+registered_plugin = kit.registered_plugin  # the kit's fixtures, as a plugin's tests take them
+integrity_audit = kit.integrity_audit
 
 
 def verdicts(report) -> dict[str, str]:
