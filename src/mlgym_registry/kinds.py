@@ -29,7 +29,7 @@ class Kind:
 
 
 KIND_TABLE: tuple[Kind, ...] = (
-    Kind("task", "register_tasks", "task"),
+    Kind("task", "register_tasks", "task", "mlgym_registry.tasks.mlgym_source:load_task_file"),
     Kind("backend", "register_backends", "backend"),
     Kind("parser", "register_parsers", "parser"),
     Kind("template", "register_templates", "template set", "mlgym_registry.components.templates:load_agent_yaml"),

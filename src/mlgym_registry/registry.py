@@ -28,7 +28,7 @@ from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, 
 from .kinds import COMPONENT_KINDS, KINDS, PATH_LOADERS
 from .options import backend_rules, validate_overrides, validate_task_options
 from .plugins import BUILTIN_DISTRIBUTION, BuiltinNameRefused, PluginInfo, PluginLoader, Registration
-from .specs import ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
+from .specs import ComponentSpec, ResolvedTask, TaskSpec
 
 SPEC_OVERRIDES = ("max_steps", "failure_reward", "score_format_exit")
 """``make`` keywords that change the task spec itself (besides the component names)."""
@@ -150,10 +150,24 @@ class Registry:
     def register(self, kind: str, name: str, obj_or_ref: Any, *, replace: bool = False, **meta: Any) -> None:
         """Register ``obj_or_ref`` (an object or a lazy ``"module:attr"``) as ``name`` of ``kind`` in this process.
 
-        Raises ``DuplicateNameError`` when the name is taken, unless ``replace=True``.
+        A call here is the user's own decision: a name that is taken already (a built-in, a plugin's, an earlier
+        ``register``) is replaced, with a ``PluginReplaceWarning`` naming both unless ``replace=True`` says it is
+        meant, so that a name the package adds later never breaks a script. Clashes between installed plugins keep
+        their rules (``DuplicateNameError``, or ``replace=True`` in the plugin).
         """
         self._ensure_loaded()
-        meta = {**meta, "replace": replace}
+        self._check_kind(kind)
+        existing = self._entries[kind].get(name)
+        if existing is not None and not replace:
+            import warnings
+
+            from .plugins import PluginReplaceWarning
+
+            warnings.warn(PluginReplaceWarning(
+                f"register() replaces {kind} {name!r} of {provider_of(existing)} with the one registered in this "
+                f"process: every task that uses {name!r} now gets yours. Pass replace=True to say so (and silence "
+                "this warning), or register under another name to keep both."), stacklevel=2)
+        meta = {**meta, "replace": True}
         self._store(Registration(kind, name, obj_or_ref, meta, plugin="<register()>", distribution=None))
 
     def unregister(self, kind: str, name: str) -> None:
@@ -238,7 +252,7 @@ class Registry:
         elif isinstance(name, dict):
             spec = TaskSpec.from_dict(name)
         elif is_task_file(name) and str(name) not in self._entries["task"] and Path(name).is_file():
-            spec = load_task_yaml(name)
+            spec = import_reference(PATH_LOADERS["task"])(name)  # MLGym's way in an MLGym checkout, ours elsewhere
             spec.registered_as = str(name)
         else:
             spec = self.get("task", name)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 from conftest import run_python
 
 from mlgym_registry import (
-    DuplicateNameError,
     FormatError,
     InvalidOverrideError,
     Registry,
@@ -17,6 +17,7 @@ from mlgym_registry import (
     load_task_yaml,
     registry,
 )
+from mlgym_registry.plugins import PluginReplaceWarning
 from mlgym_registry.specs import KINDS
 
 TASK_YAML = """\
@@ -114,13 +115,27 @@ def test_classes_are_built_fresh_for_each_env_but_get_is_cached():
     assert reg.build("reward", "counter") is not reg.build("reward", "counter")
 
 
-def test_in_process_duplicate_raises_and_replace_wins():
+def test_an_in_process_register_replaces_a_taken_name_with_a_warning_naming_both():
     reg = Registry(load_plugins=False)
     reg.register("reward", "zero", lambda o, i, s: 0.0)
-    with pytest.raises(DuplicateNameError, match="'zero' is registered by both"):
+    with pytest.warns(PluginReplaceWarning, match="register\\(\\) replaces reward 'zero' of"):
         reg.register("reward", "zero", lambda o, i, s: 1.0)
-    reg.register("reward", "zero", lambda o, i, s: 2.0, replace=True)
+    assert reg.get("reward", "zero")("", {}, None) == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # replace=True says it is meant: no warning
+        reg.register("reward", "zero", lambda o, i, s: 2.0, replace=True)
     assert reg.get("reward", "zero")("", {}, None) == 2.0
+
+
+def test_a_script_registering_a_name_the_package_later_added_keeps_working():
+    """A user's ``register("template", "short", ...)`` from before the package had a built-in ``short``: the user's
+    template wins, with a warning naming the built-in plugin."""
+    reg = Registry()
+    assert "short" in reg.names("template") and reg.entry("template", "short").distribution == "mlgym-registry"
+    mine = reg.get("template", "mlgym_default")
+    with pytest.warns(PluginReplaceWarning, match="template 'short' of built-in plugin"):
+        reg.register("template", "short", mine)
+    assert reg.get("template", "short") is mine and reg.entry("template", "short").distribution is None
 
 
 def test_task_from_yaml_in_mlgym_shape(task_file):

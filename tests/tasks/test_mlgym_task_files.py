@@ -56,7 +56,7 @@ def test_the_spec_of_a_checkout_file_resolves_its_paths_from_the_checkout_root(t
     env = registry.make(str(task_file), max_steps=3)
     try:
         td = env.reset()
-        assert td["query"][0] == "toyDilemma"
+        assert td["query"] == "toyDilemma"
     finally:
         env.close()
 

@@ -24,8 +24,8 @@ SEED = 0
 """The episodes' seed: every canary is played from the same reset, so a score differs only by what the agent did."""
 DEFAULT_REWARDS = ("mlgym_best_improvement",)
 """Rewards audited besides the task's own."""
-SLOW_LIMIT_FACTOR = 4.0
-SLOW_LIMIT_MIN = 10.0
+SLOW_LIMIT_FACTOR = 3.0
+SLOW_LIMIT_MIN = 6.0
 """A canary that waits for the evaluation's limit is played with a limit of this many times the honest episode's
 duration (at least ``SLOW_LIMIT_MIN`` seconds, at most the task's own ``training_timeout``)."""
 

@@ -147,9 +147,9 @@ def load_task(task: TaskSpec | str | os.PathLike[str]) -> TaskSpec:
     if isinstance(task, TaskSpec):
         return task
     if isinstance(task, os.PathLike) or str(task).endswith((".yaml", ".yml")):
-        from ..specs import load_task_yaml
+        from ..tasks.mlgym_source import load_task_file
 
-        return load_task_yaml(task)
+        return load_task_file(task)
     from ..registry import registry
 
     return registry.spec(str(task))

@@ -44,6 +44,24 @@ def is_checkout(root: Path) -> bool:
     return (root / "configs" / "tasks").is_dir()
 
 
+def checkout_of(path: str | Path) -> Path | None:
+    """The MLGym checkout whose ``configs/tasks`` holds the task file ``path``, or None for a file elsewhere."""
+    path = Path(path).resolve()
+    for folder in path.parents:
+        if folder.name == "tasks" and folder.parent.name == "configs" and is_checkout(folder.parent.parent):
+            return folder.parent.parent
+    return None
+
+
+def load_task_file(path: str | Path) -> TaskSpec:
+    """A task file as MLGym reads it when it lies in an MLGym checkout (paths relative to the checkout's root, its
+    datasets and our overlay: ``load_mlgym_task``), and as our own task files are read otherwise (paths relative to
+    the file: ``specs.load_task_yaml``). Every command that takes a task file, and ``registry.spec(path)``, read it
+    with this."""
+    root = checkout_of(path)
+    return load_mlgym_task(path, root) if root is not None else load_task_yaml(path)
+
+
 def installed_checkout() -> Path | None:
     """The checkout an installed ``mlgym`` package lives in (source/editable installs), found without importing it."""
     try:

@@ -130,14 +130,15 @@ def _metric_name_problems(spec: TaskSpec, metrics: dict[str, float] | None = Non
 
 def _load_task(task: TaskSpec | str | Path) -> TaskSpec:
     from ..registry import registry
-    from ..specs import TaskFieldWarning, load_task_yaml
+    from ..specs import TaskFieldWarning
+    from ..tasks.mlgym_source import load_task_file
 
     if isinstance(task, TaskSpec):
         return task
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TaskFieldWarning)  # check_task reports them itself
         if isinstance(task, Path) or str(task).endswith((".yaml", ".yml")):
-            return load_task_yaml(task)
+            return load_task_file(task)
         return registry.spec(str(task))
 
 
