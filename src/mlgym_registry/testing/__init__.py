@@ -30,12 +30,12 @@ from .components import (
 from .fixture import (
     _registered_plugin as _registered_plugin,
 )
-from .fixture import registered_plugin
+from .fixture import integrity_audit, registered_plugin
 from .history import (
     check_history_processor,
     example_conversation,
 )
-from .integrity import check_integrity, integrity_audit
+from .integrity import check_integrity
 from .isolators import (
     COMMAND_HOSTILE_REPLIES,
     EDIT_ACTION,

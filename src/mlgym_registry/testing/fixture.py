@@ -1,4 +1,4 @@
-"""The ``registered_plugin`` pytest fixture."""
+"""The kit's pytest fixtures: ``registered_plugin`` and ``integrity_audit``."""
 
 from __future__ import annotations
 
@@ -33,14 +33,26 @@ def _registered_plugin() -> Iterator[Callable[..., Any]]:
             target.remove_plugin(plugin_name)
 
 
+def _integrity_audit() -> Callable[..., Any]:
+    from .integrity import check_integrity
+
+    return check_integrity
+
+
 try:
     import pytest
 except ImportError:  # pytest is only needed by people testing plugins
-    registered_plugin = None
+    registered_plugin = integrity_audit = None
 else:
     registered_plugin = pytest.fixture(_registered_plugin)
     registered_plugin.__doc__ = (
         "A pytest fixture: ``registered_plugin(plugin, name=None)`` loads ``plugin`` into the registry for the "
         "current test and removes it, with everything it registered, when the test ends. A plugin the registry "
         "loaded already from its entry point (installed with pip) is left as it is, and its ``PluginInfo`` returned."
+    )
+    integrity_audit = pytest.fixture(_integrity_audit)
+    integrity_audit.__doc__ = (
+        "A pytest fixture: ``integrity_audit(task, rewards=None, canaries=None, **make_options)`` runs the integrity "
+        "audit of ``task`` and fails the test (``ConformanceError``, with the audit's table) when a canary beat "
+        "honesty; it returns the ``IntegrityReport``."
     )
