@@ -11,6 +11,7 @@ import copy
 import inspect
 import sys
 import threading
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,14 @@ from .entries import (
 from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, UnknownNameError
 from .kinds import COMPONENT_KINDS, KINDS, PATH_LOADERS
 from .options import backend_rules, validate_overrides, validate_task_options
-from .plugins import BUILTIN_DISTRIBUTION, BuiltinNameRefused, PluginInfo, PluginLoader, Registration
+from .plugins import (
+    BUILTIN_DISTRIBUTION,
+    BuiltinNameRefused,
+    PluginInfo,
+    PluginLoader,
+    PluginReplaceWarning,
+    Registration,
+)
 from .specs import ComponentSpec, ResolvedTask, TaskSpec
 
 SPEC_OVERRIDES = ("max_steps", "failure_reward", "score_format_exit")
@@ -159,10 +167,6 @@ class Registry:
         self._check_kind(kind)
         existing = self._entries[kind].get(name)
         if existing is not None and not replace:
-            import warnings
-
-            from .plugins import PluginReplaceWarning
-
             warnings.warn(PluginReplaceWarning(
                 f"register() replaces {kind} {name!r} of {provider_of(existing)} with the one registered in this "
                 f"process: every task that uses {name!r} now gets yours. Pass replace=True to say so (and silence "

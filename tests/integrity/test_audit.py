@@ -16,7 +16,7 @@ from mlgym_registry import registry
 from mlgym_registry import testing as kit
 from mlgym_registry.hookspecs import hookimpl
 from mlgym_registry.integrity import FLOOR, Canary, audit
-from mlgym_registry.integrity.audit import BEATS_HONESTY, DOCUMENTED_FARMING, FARMABLE, NONDETERMINISTIC, OK
+from mlgym_registry.integrity.auditor import BEATS_HONESTY, DOCUMENTED_FARMING, FARMABLE, NONDETERMINISTIC, OK
 from mlgym_registry.testing import ConformanceError
 
 sys.path.insert(0, str(Path(__file__).parent))

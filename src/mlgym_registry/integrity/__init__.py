@@ -4,10 +4,42 @@
 honest baseline twice, null and degenerate submissions, planted hacks, farming) and judges each one's reward against
 the honest reference; ``mlgym-registry check --integrity TASK`` prints the table. Plugins add canary sets through
 the ``register_canaries`` hook, and a task file may declare its own (``canaries:``).
+
+The names load on first use: the registry imports this package's plugin module whenever it loads its plugins, and
+that must not cost the audit's imports.
 """
 
-from .audit import CanaryResult, IntegrityReport, audit
-from .canaries import BOUNDS, FLOOR, PROMISE, REFERENCE, Canary, TaskShape, builtin_canaries, task_shape
+from __future__ import annotations
 
-__all__ = ["BOUNDS", "FLOOR", "PROMISE", "REFERENCE", "Canary", "CanaryResult", "IntegrityReport", "TaskShape",
-           "audit", "builtin_canaries", "task_shape"]
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "BOUNDS": "canaries",
+    "FLOOR": "canaries",
+    "PROMISE": "canaries",
+    "REFERENCE": "canaries",
+    "Canary": "canaries",
+    "TaskShape": "canaries",
+    "builtin_canaries": "canaries",
+    "task_shape": "canaries",
+    "CanaryResult": "auditor",
+    "IntegrityReport": "auditor",
+    "audit": "auditor",
+}
+"""Each exported name and the module of this package that defines it."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

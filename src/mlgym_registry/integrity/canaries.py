@@ -13,10 +13,8 @@ import ast
 import json
 import re
 import shlex
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from ..specs import TaskSpec
 from ..submissions import submission_schema
@@ -27,7 +25,6 @@ PROMISE = "promise"
 BOUNDS = (REFERENCE, FLOOR, PROMISE)
 """What a canary may pay at most: the honest baseline's episode, a failed evaluation, or what the reward promises."""
 
-FAMILIES = ("reference", "null", "degenerate", "hack", "farming")
 TASK_CANARIES_KEY = "canaries"
 """A task file's optional list of its own canaries: ``{name, tries, commands, bound}`` each (``bound`` defaults to
 ``reference``)."""
@@ -93,10 +90,6 @@ class TaskShape:
     """The submission's id column (the schema's, else the first column)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The forged score an attack prints: each baseline metric pushed far in its good direction."""
-
-    @property
-    def python_submission(self) -> bool:
-        return self.submission is None and bool(self.editable)
 
 
 def task_shape(spec: TaskSpec) -> TaskShape:
@@ -444,14 +437,5 @@ def declared_canaries(spec: TaskSpec) -> list[Canary]:
     return canaries
 
 
-def canary_names(canaries: Iterable[Canary]) -> list[str]:
-    return [canary.name for canary in canaries]
-
-
 def _slug(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", path).strip("_")
-
-
-def as_dict(canary: Canary) -> dict[str, Any]:
-    return {"name": canary.name, "family": canary.family, "tries": canary.tries, "bound": canary.bound,
-            "source": canary.source}

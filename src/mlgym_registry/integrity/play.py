@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..policies.base import Policy
+from ..policies.base import Policy, PolicyExhausted
+from ..policies.scripted import in_format
 from ..specs import TaskSpec
 from .canaries import Canary
 
@@ -34,9 +35,6 @@ class CanaryPolicy(Policy):
         self._queue = [*self.canary.commands, *([SUBMIT] if self.canary.submits else [])]
 
     def respond(self, messages: Any) -> str:
-        from ..policies.base import PolicyExhausted
-        from ..policies.scripted import in_format
-
         if not self._queue:
             raise PolicyExhausted(f"canary {self.canary.name!r} has no command left")
         return in_format(self.parser, f"canary {self.canary.name}", self._queue.pop(0))

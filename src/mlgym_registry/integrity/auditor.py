@@ -9,13 +9,15 @@ pays) or the reward's promise (farming: an episode sums to its best score minus 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..plugins import BUILTIN_DISTRIBUTION
 from ..specs import TaskSpec
 from .canaries import FLOOR, PROMISE, SHORT_EVALUATION, SMALL_DISK, SMALL_DISK_MB, Canary, declared_canaries
 from .play import Played, play
@@ -140,7 +142,8 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
             raise MLGymRegistryError(f"task {spec.id!r} has no canary {asked}; its canaries: "
                                      + ", ".join(c.name for c in suite))
         suite = [c for c in suite if c.family == "reference" or c.name in wanted]
-    assigners = {name: registry.entry("reward", name) for name in names}
+    assigners = {name: functools.partial(registry.build, "reward", name) for name in names}
+    farmable = {name for name in names if registry.entry("reward", name).meta.get("farmable")}
     steps = max([spec.max_steps, *(len(c.commands) + 2 for c in suite)])
     envs: dict[str, Any] = {}
     try:
@@ -151,7 +154,7 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
                 envs[canary.limits] = _make_env(registry, spec, canary.limits, played, steps, make_options,
                                                 report.notes)
             played[canary.name] = play(envs[canary.limits], spec, canary, seed=seed, parser=parser)
-            result = judge(report, played[canary.name], played, assigners, spec)
+            result = judge(report, played[canary.name], played, assigners, spec, farmable)
             report.results.append(result)
             if on_result is not None:
                 on_result(result)
@@ -176,7 +179,7 @@ def suite_for(spec: TaskSpec, registry: Any, notes: list[str]) -> list[Canary]:
             if not isinstance(canary, Canary):
                 raise TypeError(f"canary set {name!r} ({entry.distribution or entry.plugin}) returned "
                                 f"{type(canary).__name__}, not an mlgym_registry.integrity.Canary")
-        builtin = entry.distribution == "mlgym-registry"
+        builtin = entry.distribution == BUILTIN_DISTRIBUTION
         found += [c if builtin else replace(c, source=entry.distribution or entry.plugin or name) for c in made]
     found += declared_canaries(spec)
     seen: set[str] = set()
@@ -218,35 +221,28 @@ def _slow_limit(spec: TaskSpec, reference: Played | None) -> int:
     return int(math.ceil(min(limit, float(spec.training_timeout or limit))))
 
 
-def _fresh(entry: Any) -> Any:
-    """A new reward assigner of ``entry`` (a registry entry): a class is built again, so no state carries over."""
-    from ..entries import build_component, import_reference
-
-    target = entry.target
-    if isinstance(target, str):
-        target = import_reference(target)
-    return build_component("reward", target)
-
-
 def _tolerance(*values: float) -> float:
     return 1e-6 * max([1.0, *(abs(v) for v in values if math.isfinite(v))])
 
 
-def failure_total(entry: Any, spec: TaskSpec) -> float:
-    """What ``entry``'s reward pays an episode whose only evaluation, its submission, failed by the agent's fault."""
+def failure_total(new_reward: Callable[[], Any], spec: TaskSpec) -> float:
+    """What a reward (a fresh one from ``new_reward``) pays an episode whose only evaluation, its submission,
+    failed by the agent's fault."""
     from ..backends.protocol import EVALUATION_STATUS_KEY, EVALUATIONS_KEY, INVALID_SUBMISSION, new_info
 
     info = {**new_info(), "exit_status": "submission_failed", EVALUATION_STATUS_KEY: INVALID_SUBMISSION,
             EVALUATIONS_KEY: [INVALID_SUBMISSION]}
-    return float(_fresh(entry)("", info, spec))
+    return float(new_reward()("", info, spec))
 
 
-def judge(report: IntegrityReport, run: Played, played: dict[str, Played], assigners: dict[str, Any],
-          spec: TaskSpec) -> CanaryResult:
-    """The verdict on one played canary (the references set the report's honest totals and floors)."""
+def judge(report: IntegrityReport, run: Played, played: dict[str, Played], assigners: dict[str, Callable[[], Any]],
+          spec: TaskSpec, farmable: set[str] = frozenset()) -> CanaryResult:
+    """The verdict on one played canary (the references set the report's honest totals and floors). ``assigners``
+    builds a fresh reward assigner of each name (no state carries over from one episode to the next); ``farmable``
+    names the rewards documented as paying every validate."""
     canary = run.canary
     played_spec = run.spec or spec
-    totals = {name: math.fsum(run.rewards(_fresh(entry), played_spec)) for name, entry in assigners.items()}
+    totals = {name: math.fsum(run.rewards(new_reward(), played_spec)) for name, new_reward in assigners.items()}
     result = CanaryResult(canary, totals, {}, run.scores, run.statuses, OK, seconds=run.seconds)
     if run.error:
         result.verdict, result.detail = ERROR, run.error
@@ -261,7 +257,7 @@ def judge(report: IntegrityReport, run: Played, played: dict[str, Played], assig
         result.verdict, result.detail = ERROR, "no honest reference to compare with (the reference failed)"
         return result
     if canary.bound == PROMISE:
-        return _judge_farming(result, run, assigners, played_spec, report)
+        return _judge_farming(result, run, assigners, played_spec, farmable)
     limits = report.floor if canary.bound == FLOOR else report.honest
     result.limits = dict(limits)
     over = {name: totals[name] - limits[name] for name in totals
@@ -290,7 +286,7 @@ def _judge_reference(report: IntegrityReport, result: CanaryResult, run: Played,
         return result
     if result.canary.name == "reference":
         report.honest = dict(result.rewards)
-        report.floor = {name: failure_total(entry, spec) for name, entry in assigners.items()}
+        report.floor = {name: failure_total(new_reward, spec) for name, new_reward in assigners.items()}
         result.limits = dict(report.floor)
         if spec.baseline:
             comparison = compare_baseline(spec, [run.scores[-1]])
@@ -306,12 +302,11 @@ def _judge_reference(report: IntegrityReport, result: CanaryResult, run: Played,
     return result
 
 
-def _judge_farming(result: CanaryResult, run: Played, assigners: dict[str, Any], spec: TaskSpec,
-                   report: IntegrityReport) -> CanaryResult:
+def _judge_farming(result: CanaryResult, run: Played, assigners: dict[str, Callable[[], Any]], spec: TaskSpec,
+                   farmable: set[str]) -> CanaryResult:
     """Farming is judged as if the baseline were below the submission's score (by ``margin``), so that each
     evaluation is an improvement: a reward that pays every validate then sums above its promise (the best score
     minus that baseline), one that pays improvements does not. Read from the episode's own evaluator results."""
-    from ..registry import registry
     from ..scores import honest_reward, lower_is_better
 
     good = [s for s in run.scores if s]
@@ -322,14 +317,14 @@ def _judge_farming(result: CanaryResult, run: Played, assigners: dict[str, Any],
     sign = 1.0 if lower_is_better(spec) else -1.0
     margin = {k: max(1e-3, 0.1 * abs(v)) for k, v in best.items()}
     lowered = spec.replace(baseline_scores=[{k: v + sign * margin[k] for k, v in best.items()}])
+    promise = max(honest_reward(s, lowered) for s in good)
     problems, documented = [], []
-    for name, entry in assigners.items():
-        total = math.fsum(run.rewards(_fresh(entry), lowered))
-        promise = max(honest_reward(s, lowered) for s in good)
+    for name, new_reward in assigners.items():
+        total = math.fsum(run.rewards(new_reward(), lowered))
         result.limits[name] = promise
         if total > promise + _tolerance(promise, total):
             line = f"{name} summed {total:.4g} over {len(good)} scored evaluations where the best pays {promise:.4g}"
-            (documented if registry.entry("reward", name).meta.get("farmable") else problems).append(line)
+            (documented if name in farmable else problems).append(line)
     if problems:
         result.verdict, result.detail = FARMABLE, "; ".join(problems + documented)
     elif documented:
