@@ -105,7 +105,7 @@ def test_run_on_a_head_node_started_with_ray_start(tmp_path, short_tmp):
         for index in (0, 1):
             saved = json.loads((out / f"env{index}" / "results.json").read_text())
             assert saved["agent"] and "failed" not in saved
-        assert "episodes done on Ray (127.0.0.1:" in done.stderr
+        assert f"episodes done on Ray (127.0.0.1:{port}): 100%" in done.stderr
     finally:
         stop_group(head)
     assert processes_mentioning(str(short_tmp)) == []

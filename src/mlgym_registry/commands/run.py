@@ -23,7 +23,7 @@ from ..options import InvalidOptionError, cli_integer
 from ..terminal import printable
 from .out_folder import OutFolder, default_out
 from .signals import sigint_deferred, terminate_as_exit
-from .terminal_output import ProgressBar, Transcript
+from .terminal_output import Transcript, progress_bar, show_progress
 
 if TYPE_CHECKING:
     from ..records.trust import TypedSettings
@@ -334,11 +334,11 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
         check_endpoint(policy_text(args))
     per_env = episodes_per_env(args)
     where = "" if engine == "process" else f" on Ray ({args.ray or 'a local runtime'})"
-    bar = ProgressBar(args.num_envs * per_env, f"{spec.id}: episodes done{where}")
+    bar = progress_bar(args.num_envs * per_env, f"{spec.id}: episodes done{where}")
     try:
         results = run_episodes(spec, policy_text(args), args.num_envs, engine=engine, address=args.ray or None,
                                cpus_per_env=args.cpus_per_env, out=out, seed=args.seed, episodes_per_env=per_env,
-                               on_step=lambda finished, steps: bar.update(finished, f"({steps} steps)"))
+                               on_step=lambda finished, steps: show_progress(bar, finished, f"{steps} steps"))
     finally:
         bar.close()
     for position, result in enumerate(results):

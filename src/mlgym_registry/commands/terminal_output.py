@@ -1,15 +1,16 @@
 """What a command shows on the terminal while episodes play: each turn as it happens, shortened, and a progress bar
-over many episodes."""
+(tqdm's) over many episodes."""
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import TYPE_CHECKING, TextIO
 
 from ..terminal import printable
 
 if TYPE_CHECKING:
+    from tqdm import tqdm
+
     from ..episodes.episode import Turn
 
 OBSERVATION_LINES = 4
@@ -55,41 +56,27 @@ class Transcript:
         self.stream.flush()
 
 
-class ProgressBar:
-    """A one-line progress bar over ``total`` units (redrawn in place on a terminal, a line per update elsewhere)."""
+TERMINAL_REDRAW_S = 0.1
+"""How often the progress bar may redraw on a terminal (tqdm's own default)."""
+LOG_REDRAW_S = 10.0
+"""How often it may write when stderr is a file or a pipe: a snapshot every 10 seconds, and the final state."""
 
-    def __init__(self, total: int, label: str, stream: TextIO | None = None, width: int = 30,
-                 min_interval: float = 1.0):
-        self.total = max(total, 1)
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.width = width
-        self.done = 0
-        self.note = ""
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.min_interval = 0.0 if self.tty else min_interval
-        self._last = 0.0
-        self._line = ""
 
-    def update(self, done: int | None = None, note: str = "", *, force: bool = False) -> None:
-        """Set progress to ``done`` units (or one more) and redraw."""
-        self.done = self.done + 1 if done is None else done
-        self.note = note or self.note
-        now = time.monotonic()
-        if not force and now - self._last < self.min_interval and self.done < self.total:
-            return
-        self._last = now
-        filled = int(self.width * min(self.done, self.total) / self.total)
-        line = f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {self.note}"
-        if line == self._line and not self.tty:
-            return
-        self._line = line
-        self.stream.write(("\r" + line) if self.tty else line + "\n")
-        self.stream.flush()
+def progress_bar(total: int, label: str, stream: TextIO | None = None) -> tqdm:
+    """A tqdm bar over ``total`` episodes on ``stream`` (stderr by default), described by ``label``; move it with
+    ``show_progress`` and finish it with its ``close()``."""
+    from tqdm import tqdm  # only commands that draw a bar pay for importing it
 
-    def close(self) -> None:
-        """Finish the bar's line."""
-        self.update(self.done, force=True)
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+    stream = stream or sys.stderr
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    # miniters=0: redraw on time alone, so a step that ends no episode still updates the step count in the postfix
+    return tqdm(total=total, desc=label, unit="episode", file=stream, miniters=0, dynamic_ncols=tty,
+                mininterval=TERMINAL_REDRAW_S if tty else LOG_REDRAW_S)
+
+
+def show_progress(bar: tqdm, done: int, note: str = "") -> None:
+    """Set ``bar`` to ``done`` episodes (a running total, not an increment) with ``note`` after its counts; tqdm
+    redraws when its interval has passed."""
+    if note:
+        bar.set_postfix_str(note, refresh=False)
+    bar.update(done - bar.n)
