@@ -189,9 +189,10 @@ def test_rollout_and_check_env_specs(backends, layout):
 def test_seed_layout_has_the_reference_flat_keys(backends):
     env = make(backends, "seed")
     td = env.reset()
-    # the reference's keys, plus ours: how the step's evaluation ended and the flag a trainer masks infra errors on
+    # the reference's keys, plus ours: how the step's evaluation ended, the flag a trainer masks infra errors on and
+    # the step's facts (thought, action, format error)
     assert set(td.keys()) == {"history", "text", "message", "state", "retry", "observation", "done", "terminated",
-                              "truncated", "evaluation_status", "infra_error"}
+                              "truncated", "evaluation_status", "infra_error", "turn"}
     assert set(env.full_action_spec.keys()) == {"text_response"}
     nxt, _ = step(env, td, fenced("ls"))
     assert {"history", "text", "message", "state", "retry", "reward", "observation"} <= set(nxt.keys())
@@ -406,3 +407,36 @@ def test_format_error_message_with_literal_braces(backends, template, expected):
         env.close()
     finally:
         registry.unregister("template", "odd_braces")
+
+
+def test_each_step_writes_its_facts_once_and_parses_the_reply_once(backends):
+    from mlgym_registry.components.parsers import ThoughtActionParser
+    from mlgym_registry.transforms.turn_facts import TurnFacts
+
+    reads = []
+
+    def counting_parser(response):
+        reads.append(response)
+        return ThoughtActionParser()(response)
+
+    registry.register("parser", "counting_chain", counting_parser)
+    env = make(backends, parser="counting_chain", max_format_errors=2)
+    try:
+        td = env.reset()
+        assert td["turn"] == TurnFacts("", "", "")
+        reply = fenced("ls -a", thought="I look first.")
+        nxt, td = step(env, td, reply)
+        assert len(reads) == 1  # the isolator's parse gives the thought too
+        thought, action = ThoughtActionParser()(reply)
+        assert "I look first." in thought and action.strip() == "ls -a"
+        assert nxt["turn"] == TurnFacts(thought, action, "")
+        nxt, td = step(env, td, "no command here")
+        assert nxt["retry"].item() is True and nxt["turn"].action == ""
+        assert nxt["turn"].thought == "no command here" and nxt["turn"].format_error != ""
+        nxt, td = step(env, td, "still no command")  # the second in a row ends the episode as MLGym's agent does
+        assert (nxt["turn"].thought, nxt["turn"].action) == ("Exit due to format error", "exit_format")
+        assert nxt["turn"].format_error != "" and nxt["done"].item() is True
+        assert len(reads) == 3
+    finally:
+        env.close()
+        registry.unregister("parser", "counting_chain")

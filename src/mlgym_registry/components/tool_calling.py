@@ -39,14 +39,13 @@ from typing import Any
 
 from .. import bounded_json
 from ..errors import FormatError
+from ..tool_language import SPECIAL_ACTIONS
 from .parsers import ThoughtActionParser
 from .template_set import TemplateSet
 
 BASH_TOOL = "bash"
 """The tool that runs any shell command (the text language's bare command)."""
 
-SPECIAL_ACTIONS = ("exit_context", "exit_cost", "exit_error", "exit_format", "exit_api", "exit_forfeit")
-"""MLGym's made-up actions (a policy gives up: context or cost exhausted); they arrive as fenced text, not calls."""
 
 NO_TOOL_CALL = "No tool call found in the model response: call exactly one tool."
 

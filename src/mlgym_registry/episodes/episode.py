@@ -19,16 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..components.isolators import replace_lone_surrogates
-from ..components.output_checks import call_isolator, checked_parser
-from ..errors import ComponentOutputError, FormatError
+from ..errors import ComponentOutputError
 from ..options import check_option
 from ..policies.base import Policy, PolicyExhausted
 from ..records.trajectories import Step, TrajectoryWriter, TurnTokens
 from ..specs import TaskSpec
-
-EXIT_FORMAT_THOUGHT = "Exit due to format error"
-"""The thought MLGym's agent records on the step that ends an episode after repeated format errors."""
+from ..tool_language import EXIT_FORMAT
+from ..transforms.turn_facts import TurnFacts
 
 
 @dataclass
@@ -165,33 +162,26 @@ def text_at(td: Any, key: Any) -> str:
     return "" if value is None else str(value)
 
 
-def parse_turn(task: Any, response: str, after: Any, observation_key: Any):
-    """``(thought, action, observation, format_error)`` of a stepped turn of ``task``; a format error's message is
-    shown, unless the env sent ``exit_format`` for it instead of a retry: then the backend's observation is.
-
-    A reply the parser reads but the isolator refuses (an ``edit`` that never ends) is a format error too: the env
-    flagged a retry for it, and the isolator's message is what the turn shows."""
-    retried = after.get("retry", None)
-    retry = retried is not None and bool(retried.any())
-    try:
-        thought, action = checked_parser(task)(response)
-    except FormatError as exc:
-        if retried is not None and not retry:
-            return EXIT_FORMAT_THOUGHT, "exit_format", text_at(after, observation_key), True
-        return response, "", str(exc), True
-    if retry:
-        return response, "", isolator_refusal(task, response), True
-    return thought, action, text_at(after, observation_key), False
+def facts_at(td: Any, key: Any) -> TurnFacts:
+    """The ``TurnFacts`` stored at ``key`` in ``td``, unwrapping TorchRL's non-tensor containers."""
+    value = td.get(key)
+    while not isinstance(value, TurnFacts) and hasattr(value, "data"):
+        value = value.data
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return value
 
 
-def isolator_refusal(task: Any, response: str) -> str:
-    """What the isolator of ``task`` says of ``response`` when it refuses it (the chain keeps the message only for
-    the next prompt; asked again only for a reply it refused, so an ordinary turn isolates once)."""
-    try:
-        call_isolator(task, replace_lone_surrogates(response), checked_parser(task))
-    except FormatError as exc:
-        return str(exc)
-    return "the reply was refused by the action isolator"
+def turn_facts(after: Any, layout: Any) -> tuple[str, str, str, bool]:
+    """``(thought, action, observation, format_error)`` of a stepped turn, read from the facts the chain's action
+    isolator wrote into the step's output ``after`` (the reply is parsed once, there). A format error's message is
+    its observation, unless the env sent ``exit_format`` for it instead of a retry: then the backend's observation
+    is. A reply the parser reads but the isolator refuses (an ``edit`` that never ends) is a format error too."""
+    facts = facts_at(after, layout.turn)
+    thought, action, error = facts.thought, facts.action, facts.format_error
+    if error and action != EXIT_FORMAT:
+        return thought, action, error, True
+    return thought, action, text_at(after, layout.observation), bool(error)
 
 
 class EpisodePlayer:
@@ -283,8 +273,7 @@ class EpisodePlayer:
             raise
         elapsed = time.monotonic() - started
         after = td["next"]
-        thought, action, observation, format_error = parse_turn(self.base.task, response, after,
-                                                                layout.observation)
+        thought, action, observation, format_error = turn_facts(after, layout)
         info = self._with_model_stats(self.base.last_info)
         if info is not None:
             result.info = dict(info)

@@ -17,7 +17,7 @@ import gymnasium
 from gymnasium import spaces
 
 from ..backends.protocol import EVALUATION_STATUS_KEY, EVALUATIONS_KEY, new_info
-from ..episodes.episode import conversation, env_parts, parse_turn, text_at
+from ..episodes.episode import conversation, env_parts, text_at, turn_facts
 from ..errors import InvalidOverrideError, MLGymRegistryError
 
 MAX_ACTION_CHARS = 1_000_000
@@ -138,8 +138,7 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
         shown_before = len(self._whole_conversation())
         self._td.set(self.layout.response, action)
         after = self.chain.step(self._td)["next"]
-        thought, command, _, format_error = parse_turn(self.base.task, action, after,
-                                                       self.layout.observation)
+        thought, command, _, format_error = turn_facts(after, self.layout)
         info = self._step_info(thought, command, text_at(after, self.layout.observation), format_error)
         reward = float(after.get(self.layout.reward).sum())
         terminated, truncated = bool(after.get("terminated").any()), bool(after.get("truncated").any())

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from ..records.trajectories import Step, Trajectory, load_traj
+from ..tool_language import SPECIAL_ACTIONS
 from .base import Messages, Policy, PolicyExhausted, fenced
 
-SPECIAL_ACTIONS = ("exit_context", "exit_cost", "exit_error", "exit_format", "exit_api", "exit_forfeit", "skip")
+MADE_UP_ACTIONS = (*SPECIAL_ACTIONS, "skip")
 """Actions MLGym's agent makes up itself (the model never wrote them); replay sends them as fenced commands."""
 
 
@@ -55,6 +56,6 @@ class ReplayPolicy(Policy):
 def response_of(step: Step) -> str:
     """The text to send for a recorded step: its response, or its special action when MLGym made the step up."""
     action = (step.action or "").strip()
-    if action in SPECIAL_ACTIONS and step.thought.strip().startswith("Exit due to"):
+    if action in MADE_UP_ACTIONS and step.thought.strip().startswith("Exit due to"):
         return fenced(step.thought.strip(), action)
     return step.response

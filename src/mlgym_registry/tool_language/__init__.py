@@ -38,6 +38,16 @@ ENV_VARIABLES: dict[str, str] = {
 }
 """The tool variables and their starting values, as in MLGym's default agent config (strings, like MLGym's)."""
 
+AUTOSUBMIT_EXITS = ("exit_context", "exit_cost", "exit_error", "exit_format", "exit_api")
+"""MLGym's made-up actions that end an episode with an autosubmission of what the workspace holds."""
+EXIT_FORMAT = "exit_format"
+"""The one of them MLGym's agent sends after too many format errors in a row."""
+EXIT_FORMAT_THOUGHT = "Exit due to format error"
+"""The thought MLGym's agent records on the step that ends an episode after repeated format errors."""
+SPECIAL_ACTIONS = (*AUTOSUBMIT_EXITS, "exit_forfeit")
+"""Every action MLGym's agent makes up itself (a policy gives up: format, context or cost exhausted, forfeit):
+they arrive as fenced text, never as tool calls."""
+
 
 @functools.lru_cache(maxsize=1)
 def commands() -> list[dict[str, Any]]:

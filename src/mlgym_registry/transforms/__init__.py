@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "StateToMessage": "state_to_message",
     "TaskSampler": "task_sampler",
     "TokensPrompt": "tokens",
+    "TurnFacts": "turn_facts",
 }
 """Each exported name and the module of this package that defines it."""
 

@@ -12,20 +12,65 @@ ordinary replies: that reply is a format error like any other (``output_checks.P
 
 Whatever the isolator, the response it reads and the action it returns are valid text: a lone surrogate a tokenizer
 produced (``"\\ud800"``) cannot be encoded for the shell, so it is replaced before it reaches the backend.
+
+The step's facts are written here, once, into the step's output under ``layout.turn``: the ``thought``, the
+``action`` as the model gave it ('' on a retry; the backend ran its isolated form) and the ``format_error`` message
+('' when the reply was usable). The
+episode loop, the Gymnasium face and the worker processes read their turn from them (``episodes.episode.turn_facts``),
+and the reply is parsed once per step: the thought comes from the parse the isolator itself asked for.
 """
 
 from __future__ import annotations
 
-from tensordict import TensorDictBase
+from dataclasses import astuple
+from typing import Any
+
+from tensordict import NonTensorData, TensorDictBase
+from torchrl.data import Composite, NonTensor
 
 from ..components import output_checks
 from ..components.isolators import replace_lone_surrogates
 from ..errors import FormatError
+from ..tool_language import EXIT_FORMAT, EXIT_FORMAT_THOUGHT
 from .base import ASSISTANT_KEY, FORMAT_ERROR_KEY, ChainTransform, missing_response, text_of
 from .layout import Layout
+from .turn_facts import NO_FACTS, TurnFacts
 
-EXIT_FORMAT = "exit_format"
-"""MLGym's special action that ends an episode after too many format errors (the backend autosubmits)."""
+_TURN_KEY = "_turn"
+"""Private key (in the inverse pass only) holding the step's facts until the step's output is there."""
+
+
+class RememberingParser:
+    """A parser that keeps what it last returned, so that the thought of a reply comes from the parse its isolator
+    asked for instead of a second one; reads any other attribute from the parser itself."""
+
+    __slots__ = ("parser", "text", "parsed")
+
+    def __init__(self, parser: Any):
+        self.parser, self.text, self.parsed = parser, None, None
+
+    def __call__(self, text: str) -> tuple[str, str]:
+        parsed = self.parser(text)
+        self.text, self.parsed = text, parsed
+        return parsed
+
+    def parse_of(self, text: str) -> tuple[str, str] | None:
+        """``(thought, action)`` of ``text``: the remembered parse when the isolator parsed ``text`` itself, else a
+        parse now (an isolator that reads replies without the parser); None when the parser finds no command."""
+        if self.text is not text and self.text != text:
+            try:
+                self(text)
+            except FormatError:
+                return None
+        thought, action = self.parsed
+        return (thought if isinstance(thought, str) else str(thought)), (action if isinstance(action, str) else
+                                                                       str(action))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parser, name)
+
+    def __repr__(self) -> str:
+        return repr(self.parser)
 
 
 class ActionIsolator(ChainTransform):
@@ -42,29 +87,55 @@ class ActionIsolator(ChainTransform):
             response = tensordict.get(self.layout.response, None)
         if response is None:
             raise missing_response(self.layout)
-        response = text_of(response)
+        response = replace_lone_surrogates(text_of(response))
         base = self.base
         task = base.task
+        parser = RememberingParser(output_checks.checked_parser(task))
         try:
             # the parser is checked where the isolator calls it, the isolator's action right after (output_checks)
-            action = output_checks.call_isolator(task, replace_lone_surrogates(response),
-                                                 output_checks.checked_parser(task))
+            action = output_checks.call_isolator(task, response, parser)
         except FormatError as exc:
             base.format_errors += 1
-            tensordict.set(FORMAT_ERROR_KEY, str(exc))
+            error = str(exc)
+            tensordict.set(FORMAT_ERROR_KEY, error)
             if base.max_format_errors is not None and base.format_errors >= base.max_format_errors:
                 tensordict.set(self.layout.retry, False)
                 tensordict.set(self.layout.action, EXIT_FORMAT)
-            else:
-                tensordict.set(self.layout.retry, True)
-            return tensordict
+                return _with_facts(tensordict, EXIT_FORMAT_THOUGHT, EXIT_FORMAT, error)
+            tensordict.set(self.layout.retry, True)
+            return _with_facts(tensordict, response, "", error)
         base.format_errors = 0
+        if isinstance(action, str):  # (with output checks off, whatever the isolator returned goes on as it is)
+            action = replace_lone_surrogates(action)
         tensordict.set(self.layout.retry, False)
-        tensordict.set(self.layout.action, replace_lone_surrogates(action) if isinstance(action, str) else action)
-        return tensordict
+        tensordict.set(self.layout.action, action)
+        # the turn's action is the command as the model gave it (what MLGym's trajectories record), not the
+        # isolator's heredoc-guarded form of it that the backend runs
+        thought, command = parser.parse_of(response) or ("", text_of(action))
+        return _with_facts(tensordict, thought, command, "")
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         if self.reward_wrong_format is not None and tensordict.get(FORMAT_ERROR_KEY, None) is not None:
             reward = next_tensordict.get(self.layout.reward)
             next_tensordict.set(self.layout.reward, reward + float(self.reward_wrong_format))
+        facts = tensordict.get(_TURN_KEY, None)
+        next_tensordict.set(self.layout.turn, facts if facts is not None else _facts(*astuple(NO_FACTS)))
         return next_tensordict
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        tensordict_reset.set(self.layout.turn, _facts(*astuple(NO_FACTS)))
+        return tensordict_reset
+
+    def transform_observation_spec(self, observation_spec: Composite) -> Composite:
+        observation_spec[self.layout.turn] = NonTensor(example_data=NO_FACTS, shape=(), device=observation_spec.device)
+        return observation_spec
+
+
+def _facts(thought: str, action: str, format_error: str) -> NonTensorData:
+    # one entry for the three: a nested TensorDict of three strings cost the step ~0.5 ms more (bench_chain.py)
+    return NonTensorData(TurnFacts(thought, action, format_error), batch_size=())
+
+
+def _with_facts(tensordict: TensorDictBase, thought: str, action: str, format_error: str) -> TensorDictBase:
+    tensordict.set(_TURN_KEY, _facts(thought, action, format_error))
+    return tensordict

@@ -37,6 +37,9 @@ class Layout:
     tokens_response: NestedKey | None = None
     attention_mask: NestedKey | None = None
     reward_shape: tuple[int, ...] = (1,)
+    turn: NestedKey = "turn"
+    """Where each step's facts go, as the chain's action isolator found them (a ``TurnFacts``: ``thought``, ``action``
+    as the model gave it, ``format_error``)."""
     conversation: NestedKey | None = None
     """Where the whole conversation is kept when a history processor shapes ``history`` (see ``with_conversation``);
     None when ``history`` is the whole conversation itself."""

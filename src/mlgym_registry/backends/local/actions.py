@@ -11,7 +11,6 @@ from .output import normalise
 
 TRAIN_COMMANDS = frozenset({"torchrun", "python", "python3", "accelerate", "deepspeed"})
 """Programs whose commands get the long (training) timeout, as MLGym gives them; only as a command, not any word."""
-SPECIAL_EXITS = ("exit_context", "exit_cost", "exit_error", "exit_format", "exit_api")
 EDIT_PATTERN = re.compile(r"^edit\s+(\d+):(\d+)(?:\n|$|\s)", re.MULTILINE)
 INSERT_PATTERN = re.compile(r"^insert\s+(\d+)(?:\n|$|\s)", re.MULTILINE)
 LONE_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")

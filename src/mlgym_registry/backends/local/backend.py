@@ -23,6 +23,7 @@ from typing import Any
 from ... import seeding
 from ...errors import BackendUnavailable
 from ...specs import TaskSpec
+from ...tool_language import AUTOSUBMIT_EXITS
 from ..protocol import EVALUATION_OK, EVALUATION_STATUS_KEY, INFRA_ERROR, ToolSet, new_info
 from . import actions, disk_guard, observations, procs, task_checks, toolset
 from . import limits as limits_mod
@@ -363,7 +364,7 @@ class LocalBackend:
         if action == "exit_forfeit":
             info["exit_status"] = "exit_forfeit"
             return "Exited (exit_forfeit)", 0, True, info
-        if action in actions.SPECIAL_EXITS:
+        if action in AUTOSUBMIT_EXITS:
             return self._evaluate(info, action)
         if actions.EDIT_PATTERN.match(action) and "end_of_edit" not in action:
             return observations.MALFORMED_EDIT, 0, False, info
