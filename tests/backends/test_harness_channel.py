@@ -3,6 +3,8 @@
 A function called on a growing list (a game's history, called once per move as MLGym's evaluators do) crosses as what
 changed since its previous call; the agent's function must still see exactly the evaluator's list every call, and a
 hostile agent's process that writes garbage into the shared memory gets ``agent_error``, never a hang nor a score.
+An iterator the evaluator passes crosses as an iterator the agent's code consumes lazily from the evaluator's own, the
+agent's own functions cross as themselves, and what cannot cross is refused in the evaluator, naming the call.
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ HOSTILE_STRATEGY = textwrap.dedent(
             answer(b"I\\x01")
         elif MODE == "nested":
             answer(b"J" + b"[" * 200000 + b"]" * 200000)
+        elif MODE == "short_next":
+            answer(b"n\\x01")  # a request for an item of the evaluator's iterators, cut short
         elif MODE == "shrink":
             try:
                 os.ftruncate(FD, 0)  # would make the evaluator's next read of the memory a fatal SIGBUS
@@ -202,7 +206,7 @@ def test_the_delta_path_and_the_general_path_give_the_same_score(tmp_path):
     assert score["Score"] == score["general"] and 0 < score["Score"]
 
 
-@pytest.mark.parametrize("mode", ["oversized", "broken_chunk", "unknown_tag", "short_int", "nested"])
+@pytest.mark.parametrize("mode", ["oversized", "broken_chunk", "unknown_tag", "short_int", "nested", "short_next"])
 def test_a_malformed_answer_from_a_hostile_agent_process_is_agent_error_not_a_hang(tmp_path, mode):
     info, seconds = validate(game_spec(tmp_path / "task", HOSTILE_EVALUATE, HOSTILE_STRATEGY.format(mode=mode)))
     assert info["evaluation_status"] == "agent_error", info
@@ -234,3 +238,191 @@ def test_the_answer_codec_round_trips_and_refuses_what_is_not_a_value():
     with pytest.raises(harness.AgentCodeError, match="boom"):
         harness.unpack_answer(harness.pack_error("ValueError: boom"))
     assert json.loads(harness.pack_value({"k": [1.5]})[1:]) == {"k": [1.5]}
+
+
+ITERATOR_EVALUATE = textwrap.dedent(
+    """\
+    import itertools
+    import json
+
+    from strategy import kinds, take, total
+
+    out = {"sum": total(x * x for x in range(5)), "kinds": kinds(x for x in range(2))}
+    it = iter(range(10))
+    out["took"] = take(it, 3)
+    out["rest"] = list(it)  # the evaluator's own iterator is where the agent's code left it
+    log = []
+
+
+    def logged():
+        for i in range(100):
+            log.append(i)
+            yield i
+
+
+    out["lazy"] = take(logged(), 2)
+    out["produced"] = len(log)  # items are made as the agent's code asks for them, not before the call
+    out["endless"] = take(itertools.count(), 4)
+    out["mapped"] = total.map([(iter([1, 2]),), ((x for x in range(3)),)])
+    print(json.dumps({"Score": 1.0, **out}))
+    """
+)
+ITERATOR_STRATEGY = textwrap.dedent(
+    """\
+    def total(items):
+        return sum(items)
+
+
+    def take(items, count):
+        return [next(items) for _ in range(count)]
+
+
+    def kinds(items):
+        return [type(items).__name__, iter(items) is items, isinstance(items, (list, tuple))]
+    """
+)
+
+
+def test_an_iterator_crosses_as_an_iterator_the_agents_code_consumes_lazily_from_the_evaluators(tmp_path):
+    info, _ = validate(game_spec(tmp_path / "task", ITERATOR_EVALUATE, ITERATOR_STRATEGY))
+    assert info["evaluation_status"] == "ok", info
+    [score] = info["score"]
+    assert score["sum"] == 30 and score["kinds"] == ["EvaluatorIterator", True, False]
+    assert score["took"] == [0, 1, 2] and score["rest"] == [3, 4, 5, 6, 7, 8, 9]
+    assert score["lazy"] == [0, 1] and score["produced"] == 2
+    assert score["endless"] == [0, 1, 2, 3]
+    assert score["mapped"] == [3, 3]
+
+
+RAISING_EVALUATE = textwrap.dedent(
+    """\
+    import json
+
+    from strategy import apply, count_until_error, square, stash, total, use_stash
+
+
+    def failing():
+        yield 1
+        yield 2
+        raise ValueError("boom")
+
+
+    out = {"handled": count_until_error(failing())}  # the agent's code catches the evaluator's ValueError
+    try:
+        total(failing())
+        out["passed_through"] = "nothing raised"
+    except ValueError as exc:  # not caught there: it reaches the evaluator as its own exception
+        out["passed_through"] = f"ValueError: {exc}"
+    out["nested"] = total(square(x) for x in range(4))  # the evaluator's iterator calls the agent's code
+    out["agent_function"] = apply(square, 7)  # the agent's own function, given back to it
+    stash(iter([1, 2]))
+    out["stale"] = use_stash()
+    print(json.dumps({"Score": 1.0, **out}))
+    """
+)
+RAISING_STRATEGY = textwrap.dedent(
+    """\
+    def total(items):
+        return sum(items)
+
+
+    def count_until_error(items):
+        seen = 0
+        try:
+            for _ in items:
+                seen += 1
+        except ValueError as exc:
+            return [seen, str(exc)]
+        return [seen, None]
+
+
+    def square(x):
+        return x * x
+
+
+    def apply(function, value):
+        return [function(value), function.__module__]
+
+
+    KEPT = []
+
+
+    def stash(items):
+        KEPT.append(items)
+
+
+    def use_stash():
+        try:
+            next(KEPT[0])
+        except RuntimeError as exc:
+            return str(exc)
+        return "no error"
+    """
+)
+
+
+def test_the_evaluators_iterator_raises_through_the_agents_code_and_may_call_it(tmp_path):
+    info, _ = validate(game_spec(tmp_path / "task", RAISING_EVALUATE, RAISING_STRATEGY))
+    assert info["evaluation_status"] == "ok", info
+    [score] = info["score"]
+    assert score["handled"] == [2, "boom"]
+    assert score["passed_through"] == "ValueError: boom"
+    assert score["nested"] == 14
+    assert score["agent_function"] == [49, "strategy"]
+    assert score["stale"].startswith("this iterator of the evaluator's was passed to a call that has ended")
+
+
+REFUSED_EVALUATE = textwrap.dedent(
+    """\
+    import json
+    import threading
+
+    from strategy import apply, total
+
+
+    class Local:
+        pass
+
+
+    messages = {}
+    for label, call in [
+        ("lambda", lambda: apply(lambda x: x, 1)),
+        ("lock", lambda: apply(len, key=threading.Lock())),
+        ("script_class", lambda: apply(Local(), 2)),
+        ("item", lambda: total((lambda: 1) for _ in range(2))),
+    ]:
+        try:
+            call()
+            messages[label] = "nothing raised"
+        except TypeError as exc:
+            messages[label] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps({"Score": float(total([1, 2])), **messages}))  # the channel still works
+    """
+)
+REFUSED_STRATEGY = textwrap.dedent(
+    """\
+    def apply(function, value=None, key=None):
+        return 0
+
+
+    def total(items):
+        return sum(1 for _ in items)
+    """
+)
+
+
+def test_what_cannot_cross_is_refused_in_the_evaluator_naming_the_call_and_the_argument(tmp_path):
+    info, _ = validate(game_spec(tmp_path / "task", REFUSED_EVALUATE, REFUSED_STRATEGY))
+    assert info["evaluation_status"] == "ok", info
+    [score] = info["score"]
+    assert score["Score"] == 2.0
+    assert score["lambda"].startswith("UncarriableValue: strategy.apply: positional argument 1 (a function) cannot "
+                                      "be sent to the agent's process")
+    assert "evaluation script's own function '<lambda>.<locals>.<lambda>'" in score["lambda"]
+    assert "Pass plain data" in score["lambda"]
+    assert score["lock"].startswith("UncarriableValue: strategy.apply: keyword argument 'key' (a lock) cannot be sent")
+    assert "cannot pickle '_thread.lock' object" in score["lock"]
+    assert score["script_class"].startswith("UncarriableValue: strategy.apply: positional argument 1 (a Local)")
+    assert "evaluation script's own class 'Local'" in score["script_class"]
+    assert score["item"].startswith("UncarriableValue: item 1 of the generator passed to strategy.total: the item "
+                                    "(a function) cannot be sent")

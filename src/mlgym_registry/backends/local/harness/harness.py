@@ -21,13 +21,22 @@ Two roles, each started by the local backend inside its own sandbox:
     agent's process answers is only ever data to the evaluator, bounded and validated, never code. Each side waits for
     the other by spinning briefly on the shared memory, then sleeping on a doorbell pipe (stdin here; the evaluator's
     is in ``--fds``), whose end of file also tells a process that its peer is gone.
+
+An argument of any value the agent's own code could receive crosses: plain data by marshal, other objects by pickle;
+an iterator (a generator, ``map``, ``itertools.count()``, a file's lines...) stays the evaluator's and crosses as an
+``EvaluatorIterator``, whose every ``next`` asks the evaluator for one item (a ``NEXT`` message instead of an answer),
+so the agent's code consumes it lazily and exactly as far as it iterates; a function or module of the agent's crosses
+as a reference to the agent's own. What cannot cross (a lambda, a lock, an object of a class the evaluation script
+defines) is refused before anything is sent, with an ``UncarriableValue`` naming the call and the argument.
 """
 
 from __future__ import annotations
 
+import builtins
 import gc
 import importlib
 import importlib.machinery
+import io
 import json
 import marshal
 import mmap
@@ -42,6 +51,12 @@ from time import perf_counter as _clock
 
 # Every import here is paid by both processes of every evaluation, so only cheap ones: importlib.abc, tempfile and
 # platform took longer to import (about 15 ms) than the interpreter takes to start.
+
+HARNESS_MODULE = "_mlgym_harness"
+"""Another name of this module in ``sys.modules``, in both processes, by which a pickle names its classes: it runs as
+``__main__``, which in the evaluator's process is the evaluation script's name while the script runs."""
+if __name__ in sys.modules:
+    sys.modules.setdefault(HARNESS_MODULE, sys.modules[__name__])
 
 MAX_LINE = 64 << 20
 """The longest answer the evaluator reads from the agent's process (bytes)."""
@@ -379,14 +394,187 @@ def _without_collections(load, data):
         gc.enable()
 
 
-def dump_request(value) -> bytes:
+def dump_request(value, iterators: Iterators | None = None, where: str = "the call") -> bytes:
     """A request's value as bytes: ``marshal`` (tagged ``m``) when it holds only core types (ints, strings, lists,
     tuples, dicts...: a game's histories), which writes and reads two to three times faster than ``pickle``; else
-    ``pickle`` (tagged ``p``). Requests come from the trusted evaluator, so the agent's process may load either."""
+    ``pickle`` (tagged ``p``, see ``RequestPickler``: the iterators in it are entered in ``iterators``, and cross as
+    ``EvaluatorIterator``). Requests come from the trusted evaluator, so the agent's process may load either.
+
+    marshal writes any object with the buffer protocol that it meets among core types (a numpy array or scalar, a
+    bytearray) as bytes: telling them apart costs a walk over every object (about the time marshal takes again),
+    which the games' requests would pay on every call; it is not done.
+
+    Raises ``UncarriableValue`` (or pickle's own error) for what cannot cross."""
     try:
         return b"m" + marshal.dumps(value)
-    except ValueError:  # an object marshal does not know (numpy values, instances of classes)
-        return b"p" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except ValueError:  # an object marshal does not know (instances of classes, iterators)
+        pass
+    buffer = io.BytesIO()
+    RequestPickler(buffer, iterators, where).dump(value)
+    return b"p" + buffer.getvalue()
+
+
+# -- what pickle alone would get wrong: iterators, the agent's own functions, the evaluation script's objects ------
+class UncarriableValue(TypeError):
+    """A value the evaluator passes to the agent's code that cannot cross to the agent's process (a lambda, a lock,
+    an open socket, an object of a class the evaluation script defines); raised in the evaluator before anything is
+    sent, its message names the call and the argument. A ``TypeError``, as pickle's own refusal was."""
+
+
+NEXT = struct.Struct("<cQ")
+"""What the agent's process sends instead of an answer to ask for the next item of the evaluator's iterator number
+``Q``: ``b"n"`` and that number. The evaluator's reply: ``b"i"`` and the item (a request's value), ``b"s"`` (it is
+exhausted), ``b"r"`` and ``name\\0message`` (it raised) or ``b"x"`` (no such iterator: the call it was passed to
+has ended)."""
+REPLIES = frozenset((b"i", b"s", b"r", b"x"))
+_PLAIN_TYPES: set[type] = set()
+"""Types whose objects ``RequestPickler`` leaves to pickle: neither iterators, nor classes, nor functions."""
+_FUNCTION_TYPES = (types.FunctionType, types.BuiltinFunctionType)
+
+
+def is_iterator(value) -> bool:
+    """Whether ``value`` is an iterator (its type has ``__next__`` and ``iter`` gives it back), not a container."""
+    if not hasattr(type(value), "__next__"):
+        return False
+    try:
+        return iter(value) is value
+    except Exception:  # noqa: BLE001 - an __iter__ that raises: not an iterator to stream
+        return False
+
+
+class Iterators:
+    """The evaluator's iterators the agent's process holds an ``EvaluatorIterator`` of, by number, while the calls
+    they were passed to last; and what they raised as the agent's code iterated them."""
+
+    def __init__(self):
+        self.live: dict[int, list] = {}
+        """number: [the iterator, what it was passed to, how many items it gave]"""
+        self.raised: dict[int, tuple[BaseException, bool]] = {}
+        """number: (what it raised last, whether that is raised whatever the agent's code made of it); one that is
+        stays (what was raised before it is kept per iterator, not per request: the agent may ask without end)"""
+        self.next_number = 0
+
+    def add(self, iterator, where: str) -> int:
+        """Enter ``iterator``, passed to ``where``; its number."""
+        number = self.next_number
+        self.next_number += 1
+        self.live[number] = [iterator, f"the {type(iterator).__name__} passed to {where}", 0]
+        return number
+
+    def note(self, number: int, exc: BaseException, always: bool) -> None:
+        """Iterator ``number`` raised ``exc`` in the agent's code (``always``: raise it whatever that code did)."""
+        if not self.raised.get(number, (None, False))[1]:
+            self.raised[number] = (exc, always)
+
+    def end(self, start: int) -> list[tuple[BaseException, bool]]:
+        """Forget the iterators numbered from ``start`` on (those of a call that ended); what they raised."""
+        for number in [n for n in self.live if n >= start]:
+            del self.live[number]
+        ended = [number for number in self.raised if number >= start]
+        return [self.raised.pop(number) for number in ended]
+
+
+class RequestPickler(pickle.Pickler):
+    """``pickle`` for the evaluator's requests, deciding what plain pickle would get wrong: an iterator would be
+    copied (the evaluator's own would not advance as the agent's code consumes it) or refused (a generator): it is
+    entered in the channel's ``Iterators`` and crosses as an ``EvaluatorIterator``; a class or function of the
+    evaluation script (``__main__``) would be named by a reference the agent's process cannot resolve: it is refused
+    here, not there, where the failure would look like the agent's code's."""
+
+    def __init__(self, file, iterators: Iterators | None, where: str):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.iterators, self.where = iterators, where
+
+    def reducer_override(self, obj):
+        kind = type(obj)
+        if kind in _PLAIN_TYPES:
+            return NotImplemented
+        if is_iterator(obj):
+            if self.iterators is None:
+                raise UncarriableValue(f"a {kind.__name__} (an iterator) cannot cross here")
+            return EvaluatorIterator, (self.iterators.add(obj, self.where),)
+        if isinstance(obj, type) or kind in _FUNCTION_TYPES:
+            if getattr(obj, "__module__", None) == "__main__":
+                what = "class" if isinstance(obj, type) else "function"
+                raise UncarriableValue(
+                    f"it is or holds the evaluation script's own {what} {getattr(obj, '__qualname__', '?')!r}, which "
+                    "the agent's process cannot import (it never runs the evaluation script)")
+            return NotImplemented
+        if len(_PLAIN_TYPES) < 4096:
+            _PLAIN_TYPES.add(kind)
+        return NotImplemented
+
+
+def exception_payload(exc: BaseException) -> bytes:
+    """``exc`` as the ``b"r"`` reply names it: its type (its bare name for a built-in one) and message."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    try:
+        message = str(exc)[:4000]
+    except Exception:  # noqa: BLE001 - an exception whose str() raises
+        message = "(unprintable)"
+    return f"{name}\0{message}".encode("utf-8", "replace")
+
+
+def payload_exception(payload: bytes) -> BaseException:
+    """The exception the agent's code sees for ``exception_payload``: the built-in type itself, else a
+    ``RuntimeError`` naming it."""
+    name, _, message = payload.decode("utf-8", "replace").partition("\0")
+    kind = getattr(builtins, name, None) if name.isidentifier() else None
+    if isinstance(kind, type) and issubclass(kind, BaseException):
+        try:
+            return kind(message) if message else kind()
+        except Exception:  # noqa: BLE001 - a built-in exception that needs other arguments (UnicodeDecodeError)
+            pass
+    return RuntimeError(f"the evaluator's iterator raised {name}: {message}")
+
+
+def exception_line(exc: BaseException) -> str:
+    """The last line of ``exc``'s traceback, as ``agent_error_text`` ends with it for a built-in exception."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose str() raises
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+class EvaluatorIterator:
+    """An iterator of the evaluator's as the agent's code receives it: each ``next`` asks the evaluator's process for
+    the next item of its own iterator, so the agent's code consumes it lazily and exactly as far as it iterates (an
+    endless one included), and the evaluator's iterator is where the agent's code left it. It lasts as long as the
+    call it was passed to; its items cross as the call's arguments do, and an exception the evaluator's iterator
+    raises is raised here (a built-in one as itself)."""
+
+    __slots__ = ("_number",)
+    __module__ = HARNESS_MODULE
+
+    def __init__(self, number: int):
+        self._number = number
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        link = _AGENT_LINK
+        if link is None:
+            raise RuntimeError("an iterator of the evaluator's is only iterated in the agent's process")
+        link.send(NEXT.pack(b"n", self._number))
+        reply = link.receive(MAX_REQUEST)
+        while reply[:1] not in REPLIES:
+            link.send(_handle(reply))  # the evaluator's iterator calls the agent's code: answer that first
+            reply = link.receive(MAX_REQUEST)
+        tag = reply[:1]
+        if tag == b"i":
+            return load_request(memoryview(reply)[1:])
+        if tag == b"s":
+            raise StopIteration
+        if tag == b"r":
+            raise payload_exception(bytes(reply[1:]))
+        raise RuntimeError("this iterator of the evaluator's was passed to a call that has ended: the evaluator "
+                           "gives its items only while that call runs (keep its items, e.g. list(it), not it)")
+
+    def __repr__(self) -> str:
+        return f"<iterator of the evaluator's, number {self._number}>"
 
 
 def load_request(data: memoryview):
@@ -431,6 +619,7 @@ class AgentChannel:
         self._link = Link(memory_fd, wake_fd, ring_fd, evaluator=True)
         self._functions: dict[tuple[str, str], int] = {}
         self._lists: dict[int, list] = {}  # per function: the list argument the agent's process holds a copy of
+        self._iterators = Iterators()
         self.failed = False
         """True once any answer was an error: the agent's code failed, even if the script caught it."""
 
@@ -443,8 +632,11 @@ class AgentChannel:
 
         One request at a time: call that function before sending the next.
         """
-        self._send(b"G" + dump_request(request))
-        return self._answer
+        start = self._iterators.next_number
+        self._send(b"G" + self._dump(request, _request_call(request), lambda: _request_arguments(request)))
+        if self._iterators.next_number == start:
+            return self._answer
+        return lambda: self._answer(start)
 
     def call(self, module: str, name: str, args: tuple, kwargs: dict, function: AgentFunction | None = None):
         """``module.name(*args, **kwargs)`` in the agent's process.
@@ -464,22 +656,98 @@ class AgentChannel:
             self._functions[module, name] = number
         if function is not None:
             function._number = number  # its later calls skip the lookup
+        start = self._iterators.next_number
         frame = None
         if not kwargs and len(args) == 1 and type(args[0]) is list:
             frame = self._delta(number, args[0])
         if frame is None:
             self._lists.pop(number, None)
-            frame = CALL.pack(b"C", number, -1) + dump_request((args, kwargs))
+            frame = CALL.pack(b"C", number, -1) + self._dump(
+                (args, kwargs), f"{module}.{name}", lambda: _labelled(args, kwargs))
         try:
             self._link.send(frame)
             data = self._link.receive(MAX_LINE)
+            if data[:1] == b"n":
+                data = self._give_items(data)
         except (PeerGone, OSError, ValueError, Malformed) as exc:
             self._lost(exc)
+        if self._iterators.next_number != start:
+            return self._settle(data, start)
         if data[:1] == b"I" and len(data) == 9:
             return INT.unpack_from(data, 1)[0]  # the common answer, a move: unpack_answer's first case, inline
         try:
             return unpack_answer(data)
         except AgentCodeError:
+            self.failed = True
+            raise
+
+    def _dump(self, value, where: str, arguments) -> bytes:
+        """``dump_request(value)``, its iterators entered for the call ``where``; when part of it cannot cross, an
+        ``UncarriableValue`` naming the call and the first of ``arguments()`` (label, value) that cannot."""
+        start = self._iterators.next_number
+        try:
+            data = dump_request(value, self._iterators, where)
+        except Exception as exc:  # noqa: BLE001 - pickle raises TypeError, PicklingError, AttributeError, ...
+            self._iterators.end(start)
+            raise refusal(where, arguments(), exc) from None
+        if len(data) >= MAX_REQUEST:
+            self._iterators.end(start)
+            raise UncarriableValue(f"the arguments of {where} take {len(data)} bytes, more than the agent's process "
+                                   f"accepts ({MAX_REQUEST}); pass less, or an iterator of the parts")
+        return data
+
+    def _give_items(self, data: bytes) -> bytes:
+        """Answer the agent's process's requests for items of the evaluator's iterators (``NEXT``, starting with
+        ``data``) until it sends something else: the answer of the call under way."""
+        while data[:1] == b"n":
+            if len(data) != NEXT.size:
+                raise Malformed(f"a request for an item of {len(data)} bytes")
+            self._link.send(self._item(NEXT.unpack(data)[1]))
+            data = self._link.receive(MAX_LINE)
+        return data
+
+    def _item(self, number: int) -> bytes:
+        """The reply to the agent's process's request for the next item of iterator ``number``. What the evaluator's
+        iterator raises goes to the agent's code, as it would pass through it in one process (``_settle``)."""
+        iterators = self._iterators
+        entry = iterators.live.get(number)
+        if entry is None:
+            return b"x"
+        iterator, label, given = entry
+        try:
+            item = next(iterator)  # the evaluator's own code, which may call the agent's in turn
+        except StopIteration:
+            return b"s"
+        except BaseException as exc:  # noqa: BLE001 - whatever it raised, the agent's code is waiting for the item
+            iterators.note(number, exc, False)
+            return b"r" + exception_payload(exc)
+        entry[2] = given + 1
+        where = f"item {given + 1} of {label}"
+        try:
+            reply = b"i" + self._dump(item, where, lambda: [("the item", item)])
+        except UncarriableValue as exc:
+            iterators.note(number, exc, True)
+            return b"r" + exception_payload(exc)
+        return reply
+
+    def _settle(self, data: bytes, start: int):
+        """The value of the answer ``data`` to a call whose iterators are numbered from ``start``, which end with it.
+
+        An exception the evaluator's iterator raised in the agent's code is raised again when the agent's code
+        answered with it (it did not handle it), as it would have passed through that code in one process; one
+        saying an item could not cross is raised whatever the agent's code made of it."""
+        raised = self._iterators.end(start)
+        for exc, always in raised:
+            if always:
+                raise exc
+        try:
+            return unpack_answer(data)
+        except AgentCodeError as error:
+            text = str(error).rstrip()
+            for exc, _ in reversed(raised):
+                line = exception_line(payload_exception(exception_payload(exc)))
+                if text == line or text.endswith("\n" + line):
+                    raise exc from None
             self.failed = True
             raise
 
@@ -516,18 +784,67 @@ class AgentChannel:
             self.failed = True
             raise AgentCodeError(f"the process running the agent's code is gone ({exc or 'it ended'})") from None
 
-    def _answer(self):
+    def _answer(self, start: int | None = None):
         try:
             try:
                 data = self._link.receive(MAX_LINE)
+                if data[:1] == b"n":
+                    data = self._give_items(data)
             except (PeerGone, OSError):
                 raise AgentCodeError("the process running the agent's code ended (it exited or was killed)") from None
             except Malformed:
                 raise AgentCodeError("the agent's code answered with something that is not a value") from None
+            if start is not None:
+                return self._settle(data, start)
             return unpack_answer(data)
         except AgentCodeError:
             self.failed = True
             raise
+
+
+ADVICE = ("Pass plain data instead (numbers, strings, bytes, lists, tuples, dicts, sets, numpy values, objects of "
+          "classes a module other than the evaluation script defines), or an iterator: it crosses as an iterator whose "
+          "items the agent's code fetches as it goes")
+
+
+def refusal(where: str, arguments: list, error: BaseException) -> UncarriableValue:
+    """The ``UncarriableValue`` for a call ``where`` whose arguments could not cross with ``error``: it names the first
+    of ``arguments`` (label, value) that cannot cross on its own, its type, why, and what to pass instead."""
+    for label, value in arguments:
+        try:
+            dump_request(value, Iterators(), where)
+        except Exception as exc:  # noqa: BLE001 - the culprit, with its own reason
+            return UncarriableValue(f"{where}: {label} (a {type(value).__name__}) cannot be sent to the agent's "
+                                    f"process, which runs the agent's code: {_reason(exc)}. {ADVICE}.")
+    return UncarriableValue(f"{where}: its arguments cannot be sent to the agent's process, which runs the agent's "
+                            f"code: {_reason(error)}. {ADVICE}.")
+
+
+def _reason(exc: BaseException) -> str:
+    try:
+        return f"{exc}" if isinstance(exc, UncarriableValue) else f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - an exception whose str() raises
+        return type(exc).__name__
+
+
+def _labelled(args: tuple, kwargs: dict) -> list:
+    """A call's arguments as (label, value): ``positional argument 1``..., ``keyword argument 'x'``."""
+    return [*((f"positional argument {index + 1}", value) for index, value in enumerate(args)),
+            *((f"keyword argument {key!r}", value) for key, value in kwargs.items())]
+
+
+def _request_call(request: dict) -> str:
+    """What a ``b"G"`` request calls, as messages name it (``strategy.row_strategy``, ``...map``)."""
+    name = f"{request.get('module')}.{request.get('name')}"
+    return f"{name}.map" if request.get("op") == "map" else name
+
+
+def _request_arguments(request: dict) -> list:
+    """The arguments of a ``b"G"`` request as (label, value), for ``refusal``."""
+    if request.get("op") == "map":
+        return [(f"call {index + 1}, {label}", value) for index, call in enumerate(request.get("calls") or [])
+                for label, value in _labelled(tuple(call), {})]
+    return _labelled(tuple(request.get("args") or ()), dict(request.get("kwargs") or {}))
 
 
 class AgentFunction:
@@ -560,8 +877,24 @@ class AgentFunction:
 
         return results
 
+    def __reduce__(self):
+        # passed to the agent's code (or copied): it is the agent's own function there
+        return getattr, (_ModuleByName(self._module), self.__name__)
+
     def __repr__(self) -> str:
         return f"<agent function {self._module}.{self.__name__}>"
+
+
+class _ModuleByName:
+    """A module, pickled as its name: the process that loads the pickle imports its own module of that name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __reduce__(self):
+        return importlib.import_module, (self.name,)
 
 
 class AgentModule(types.ModuleType):
@@ -570,6 +903,10 @@ class AgentModule(types.ModuleType):
     def __init__(self, name: str, channel: AgentChannel):
         super().__init__(name)
         self.__dict__["_channel"] = channel
+
+    def __reduce__(self):
+        # passed to the agent's code (or copied): it is the agent's own module there
+        return importlib.import_module, (self.__name__,)
 
     def __getattr__(self, attribute: str):
         if attribute.startswith("__"):
@@ -731,9 +1068,10 @@ def serve(workspace: str, memory_fd: int, seed: int | None = None) -> None:
     ``seed`` (the episode's agent seed, derived apart from the evaluator's) seeds ``random``, and numpy once the
     agent's code imported it, so a stochastic strategy is reproducible; this process never learns the evaluator's.
     """
-    global _AGENT_WORKSPACE
+    global _AGENT_WORKSPACE, _AGENT_LINK, _AGENT_SEED
     _AGENT_WORKSPACE = os.path.abspath(workspace)
-    link = Link(memory_fd, os.dup(0), os.dup(1), evaluator=False)
+    link = _AGENT_LINK = Link(memory_fd, os.dup(0), os.dup(1), evaluator=False)
+    _AGENT_SEED = seed
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)  # what the agent's code prints goes nowhere: only answers cross
@@ -742,18 +1080,43 @@ def serve(workspace: str, memory_fd: int, seed: int | None = None) -> None:
         import random
 
         random.seed(seed)
-    functions: dict[int, tuple[types.ModuleType, str]] = {}
-    lists: dict[int, list] = {}
+    functions, lists = _AGENT_FUNCTIONS, _AGENT_LISTS
     while True:
         try:
             frame = link.receive(MAX_REQUEST)
             if frame[:1] == b"C":
                 answer = _call(frame, functions, lists)
             else:
-                answer = _pack_answer(_answer(load_request(memoryview(frame)[1:]), seed, functions))
+                answer = _request_answer(frame, seed, functions)
             link.send(answer)
         except PeerGone:
             return
+
+
+_AGENT_LINK: Link | None = None
+"""The agent's process's end of the link (``serve``), which an ``EvaluatorIterator`` asks for items through."""
+_AGENT_SEED: int | None = None
+_AGENT_FUNCTIONS: dict[int, tuple[types.ModuleType, str]] = {}
+"""The agent's functions the evaluator bound, by number."""
+_AGENT_LISTS: dict[int, list] = {}
+"""Per bound function: its list argument as the evaluator last sent it (see ``AgentChannel.call``)."""
+
+
+def _handle(frame: bytes) -> bytes:
+    """The answer to one request (what ``serve``'s loop does with it), for requests that come while the agent's code
+    waits for an item of the evaluator's iterator, which the evaluator's code computes by calling the agent's."""
+    if frame[:1] == b"C":
+        return _call(frame, _AGENT_FUNCTIONS, _AGENT_LISTS)
+    return _request_answer(frame, _AGENT_SEED, _AGENT_FUNCTIONS)
+
+
+def _request_answer(frame: bytes, seed: int | None, functions: dict) -> bytes:
+    """The answer to a ``b"G"`` request."""
+    try:
+        request = load_request(memoryview(frame)[1:])
+    except BaseException as exc:  # noqa: BLE001 - unpickling imports modules of the agent's, which may raise anything
+        return _failure(exc)
+    return _pack_answer(_answer(request, seed, functions))
 
 
 def _call(frame: bytes, functions: dict, lists: dict) -> bytes:
