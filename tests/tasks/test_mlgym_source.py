@@ -83,9 +83,11 @@ def mlgym_names(reg: Registry) -> list[str]:
 
 
 def test_checkout_tasks_are_registered_by_their_id(checkout):
-    reg = fresh()
-    # the id comes from the file, not its name; a second file reusing an id does not replace the first
-    assert mlgym_names(reg) == ["mlgym/gameId", "mlgym/xTask"]
+    with pytest.warns(mlgym_source.DuplicateTaskIdWarning, match="x.yaml and xVariant.yaml"):
+        reg = fresh()
+    # the id comes from the file, not its name; a second file reusing an id does not replace the first, it is
+    # registered under its file's name (tests/tasks/test_mlgym_variants.py)
+    assert mlgym_names(reg) == ["mlgym/gameId", "mlgym/xTask", "mlgym/xVariant"]
     rows = {row.name: row for row in reg.describe("task")}
     assert rows["mlgym/xTask"].description == "X Task"
     assert rows["mlgym/gameId"].description == "A Game"
@@ -142,7 +144,7 @@ def test_a_broken_task_file_is_skipped_with_a_warning(checkout):
     messages = " ".join(str(w.message) for w in caught)
     for name in ("broken.yaml", "noid.yaml", "list.yaml"):
         assert name in messages
-    assert mlgym_names(reg) == ["mlgym/gameId", "mlgym/xTask"]
+    assert mlgym_names(reg) == ["mlgym/gameId", "mlgym/xTask", "mlgym/xVariant"]
     assert reg.load_errors() == []
 
 
@@ -255,7 +257,7 @@ def test_mlgym_root_wins_over_an_installed_package(tmp_path, fake_package, check
     other = fake_package(tmp_path / "Installed")
     write(other / "configs/tasks/game.yaml", GAME.replace("gameId", "installedGame"))
     monkeypatch.setenv("MLGYM_ROOT", str(checkout))
-    assert mlgym_names(fresh()) == ["mlgym/gameId", "mlgym/xTask"]
+    assert mlgym_names(fresh()) == ["mlgym/gameId", "mlgym/xTask", "mlgym/xVariant"]
 
 
 def test_the_global_registry_picks_up_a_checkout_on_reload(checkout, monkeypatch):

@@ -1,8 +1,9 @@
 """``mlgym-registry check PATH_OR_NAME``: for task-suite maintainers, is this task sound?
 
 Loads the task (a registered name or a task YAML file), checks that its files exist, runs its evaluator on the
-starter code a few times with different seeds, prints the metrics, and compares the recorded baseline with the fresh
-runs. Exit code 0 when everything holds, 1 when something does not.
+starter code a few times with different seeds (after its baseline program, which it names: the task's own, or the one
+of the MLGym task it derives from), prints the metrics, and compares the recorded baseline (saying which scores, from
+which file) with the fresh runs. Exit code 0 when everything holds, 1 when something does not.
 
 ``check --integrity TASK...`` audits each task's reward: it plays the canary suite (``mlgym_registry.integrity``)
 through the task's real env and prints a table per task; exit 1 when any canary beats honesty or a reference fails.
@@ -65,6 +66,8 @@ def main(args: argparse.Namespace) -> int:
             "ok": report.ok,
             "runs": [{"seed": run.seed, "metrics": run.metrics} for run in report.runs],
             "baseline": report.spec.baseline,
+            "baseline_program": report.baseline_program,
+            "compared_with": report.compared_with,
             "problems": report.problems,
             "notes": report.notes,
             "known_differences": report.known_differences,
@@ -73,8 +76,12 @@ def main(args: argparse.Namespace) -> int:
         return 0 if report.ok else 1
     print(f"task {report.spec.id} ({report.spec.source or 'registered in code'})")
     print(f"  files: {len(report.spec.starter_code)} starter file(s), evaluator {report.spec.evaluation_paths or '-'}")
+    if report.baseline_program:
+        print(f"  baseline program: {report.baseline_program}")
     for run in report.runs:
         print(f"  evaluator run (seed {run.seed}): {run.metrics}")
+    if report.compared_with:
+        print(f"  compared with: {report.compared_with}")
     for note in report.notes:
         print(f"  baseline reproduced: {note}")
     for difference in report.known_differences:

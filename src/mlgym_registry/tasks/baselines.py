@@ -78,13 +78,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="store the means as baseline_scores in our task files")
     args = parser.parse_args(argv)
     from ..registry import registry
+    from .evaluator_runs import baseline_run
 
     for name in args.tasks or suite_task_names():
         spec = registry.spec(name)
         runs = [run_baseline(spec, seed) for seed in range(args.seeds)]
         summary = summarise(runs)
         shown = ", ".join(f"{k} {mean:.6g} ± {std:.2g}" for k, (mean, std) in summary.items())
-        print(f"{name}: {shown} over {len(runs)} seeds (recorded: {spec.baseline})")
+        print(f"{name}: {shown} over {len(runs)} seeds (recorded: {spec.baseline}; baseline program: "
+              f"{baseline_run(spec).description})")
         if args.write:
             source = Path(spec.source or "")
             if source.parent != TASKS_DIR:

@@ -4,7 +4,10 @@ Each run is an episode of the local backend: a fresh sandboxed workspace with th
 the task's interpreter, the secret files shown to the evaluator only, the pristine evaluator, and the evaluator's
 seed chosen by the caller. Before validating, the baseline program runs in the agent's shell, as an agent would run
 it: ``baseline_command`` from the task's extras when it has one, else ``python <script>`` for the first of
-``baseline_paths`` that is not the evaluator (CSV tasks, whose baseline script writes the submission).
+``baseline_paths`` that is not the evaluator (CSV tasks, whose baseline script writes the submission), else, for a
+task of an MLGym checkout without a baseline program of its own (an ``...L1`` variant), the program of the task it
+derives from, put among its starter files for the run (``mlgym_source.borrowed_baseline``). ``baseline_run`` says
+which program that is, and ``recorded_baseline`` which published scores the runs are compared with.
 """
 
 from __future__ import annotations
@@ -37,20 +40,68 @@ def baseline_command(spec: TaskSpec) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class BaselineRun:
+    """The baseline program scored before the evaluator runs (``baseline_run``)."""
+
+    spec: TaskSpec
+    """The spec the run uses: the task's own, or with a borrowed program among its starter files."""
+    command: str | None
+    """The shell command that makes the baseline's submission; None when the starter code is scored as it is."""
+    description: str
+    """Which program that is and where it comes from, as ``check`` prints it."""
+
+
+def baseline_run(spec: TaskSpec) -> BaselineRun:
+    """The baseline program to score for ``spec``: its ``baseline_command``, its own baseline script, or the script of
+    the MLGym task it derives from (``mlgym_source.borrowed_baseline``), or none (the starter code as it is)."""
+    from .mlgym_source import borrowed_baseline
+
+    command = baseline_command(spec)
+    if command is not None:
+        whose = (f"the task's {BASELINE_COMMAND_KEY}" if spec.extra.get(BASELINE_COMMAND_KEY)
+                 else f"the task's baseline program {command.removeprefix('python ')}")
+        return BaselineRun(spec, command, f"`{command}` ({whose})")
+    borrowed = borrowed_baseline(spec)
+    if borrowed is None:
+        return BaselineRun(spec, None, "none: the starter code is scored as it is")
+    run_spec = spec.replace(starter_code=[*spec.starter_code, borrowed.program], baseline_paths=[borrowed.script])
+    return BaselineRun(run_spec, f"python {borrowed.script}", (
+        f"`python {borrowed.script}` ({borrowed.program}), borrowed from task {borrowed.task_id!r} "
+        f"({borrowed.task_file}): this task names no baseline program, and that task has the same evaluator, "
+        "datasets and task class"))
+
+
+def recorded_baseline(spec: TaskSpec) -> str:
+    """The published scores fresh runs are compared with, and where they come from, as ``check`` prints it."""
+    from .mlgym_source import overlay_baseline_metrics
+
+    if not spec.baseline:
+        return "none recorded"
+    shown = ", ".join(f"{metric} {value!r}" for metric, value in spec.baseline.items())
+    where = f"baseline_scores[0] of task {spec.id!r} ({spec.source or 'registered in code'})"
+    added = overlay_baseline_metrics(spec)
+    if added:
+        where += (f"; {', '.join(added)} from our overlay (mlgym_overlay.BASELINE_METRICS), since the task file "
+                  f"omits {'it' if len(added) == 1 else 'them'}")
+    return f"{shown}: {where}"
+
+
 def score_starter(spec: TaskSpec, *, seed: int | None = None, timeout: float | None = None,
                   backend_options: dict[str, Any] | None = None) -> dict[str, float]:
-    """The metrics ``validate`` gives the starter code after the baseline command (``baseline_command``), with the
+    """The metrics ``validate`` gives the starter code after the baseline program (``baseline_run``), with the
     evaluator's seed ``seed``. Raises ``MLGymRegistryError`` with the output when the command or the evaluation
     fails."""
     from ..backends.local import CommandTimeout, LocalBackend
     from ..backends.protocol import EVALUATION_STATUS_KEY
 
+    run = baseline_run(spec)
+    spec, command = run.spec, run.command
     timeout = float(timeout or spec.training_timeout or 1800)
     backend = LocalBackend(spec, **{"long_timeout": timeout, **(backend_options or {})})
     try:
         backend.reset(options={"evaluation_seed": seed} if seed is not None else None)
         backend.install_tools()
-        command = baseline_command(spec)
         if command is not None:
             try:
                 output = backend.communicate(command, timeout_duration=timeout)

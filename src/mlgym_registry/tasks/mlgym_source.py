@@ -6,20 +6,25 @@ ignored. Every ``configs/tasks/*.yaml`` becomes a task: its ``dataset_configs`` 
 paths resolve against the checkout, and ``dockerfiles/aliases.sh`` is the shell alias file when present. Nothing of
 MLGym is copied into this package. Registration only reads each file's ``id`` and ``name``; the full spec is built
 when a task is used. A task file that cannot be read is skipped with a warning naming it.
+
+Two files may declare one id (MLGym's ``imageClassificationCifar10L1.yaml`` reuses ``imageClassificationCifar10``): the
+first by file name keeps ``mlgym/<id>``, the other is registered as ``mlgym/<its file's stem>`` when no task of the
+checkout has that name, and every file stays reachable by its path; a ``DuplicateTaskIdWarning`` names both files.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import logging
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidTaskError
 from ..hookspecs import hookimpl
+from ..plugins import PluginReplaceWarning
 from ..scores import mlgym_ranking_metric
 from ..specs import TaskSpec, load_task_yaml
 from .mlgym_overlay import (
@@ -36,7 +41,12 @@ TAG = "mlgym"
 ENTRYPOINTS = ("CSVSubmissionTasks", "ModelSubmissionTasks", "LMSubmissionTasks", "PythonSubmissionTasks")
 """MLGym's task classes; a task file naming another one cannot run in MLGym either."""
 
-log = logging.getLogger(__name__)
+
+class DuplicateTaskIdWarning(PluginReplaceWarning):
+    """Two task files of an MLGym checkout declare the same ``id``; the message names both files, the name each got
+    and how to reach the one that did not get ``mlgym/<id>``. A name clash, like a plugin's replaced name: the
+    command line does not print it on every command, ``list`` shows the variant's name and file and ``info`` the
+    files that share the id."""
 
 
 def is_checkout(root: Path) -> bool:
@@ -176,23 +186,161 @@ def evaluator_modules(spec: TaskSpec) -> list[str]:
     return [n for n in names if n.endswith(".py") and n not in evaluation and n not in (spec.description or "")]
 
 
+@dataclass(frozen=True)
+class BorrowedBaseline:
+    """The baseline program that a task of an MLGym checkout without one of its own borrows from the task it derives
+    from (``borrowed_baseline``)."""
+
+    task_id: str
+    """The id of the task it comes from."""
+    task_file: str
+    """That task's file."""
+    program: str
+    """The starter file that holds the program, as that task's ``starter_code`` names it (relative to the checkout)."""
+    script: str
+    """The program's path in the workspace, as that task's ``baseline_paths`` names it: ``python <script>`` runs it."""
+
+
+def borrowed_baseline(spec: TaskSpec) -> BorrowedBaseline | None:
+    """The baseline program of the task that ``spec`` (a CSV task of an MLGym checkout with no baseline program of
+    its own) derives from: another task file of the checkout with the same evaluator file, datasets and task class,
+    which names a baseline program. MLGym's ``...L1`` variants are such tasks: the same evaluator on the same data,
+    with the baseline's scores given in the description but its program left out. Of several, the one with the same
+    id comes first, then one whose id begins this id (``regressionKaggleHousePrice`` for its ``...L1``), then by
+    file name; None when there is none."""
+    root = checkout_of(spec.source) if spec.source else None
+    if root is None or spec.task_entrypoint != "CSVSubmissionTasks" or baseline_script(spec.to_dict()) is not None:
+        return None
+    evaluator = evaluator_file(spec.to_dict(), root)
+    if evaluator is None:
+        return None
+    taken = {Path(item).name for item in spec.starter_code}
+    found = []
+    for path, data in checkout_headers(root, warn=False):
+        borrowed = _baseline_of(path, data, root)
+        if (path.resolve() == Path(spec.source).resolve() or borrowed is None
+                or Path(borrowed.program).name in taken or evaluator_file(data, root) != evaluator
+                or _strings(data.get("dataset_configs")) != list(spec.dataset_configs)
+                or str(data.get("task_entrypoint") or "") != spec.task_entrypoint):
+            continue
+        found.append((borrowed.task_id != spec.id, not spec.id.startswith(borrowed.task_id), borrowed))
+    return min(found, key=lambda entry: entry[:2])[2] if found else None
+
+
+def _strings(value: Any) -> list[str]:
+    """A task file's list field as strings ([] when absent)."""
+    return [str(item) for item in value] if isinstance(value, list) else []
+
+
+def baseline_script(data: dict[str, Any]) -> str | None:
+    """The workspace path of a task's baseline program (from its task file's fields): the first of its
+    ``baseline_paths`` that is not its evaluator, as ``evaluator_runs.baseline_command`` runs it; None when none."""
+    evaluation = _strings(data.get("evaluation_paths"))
+    scripts = [item for item in _strings(data.get("baseline_paths")) if item not in evaluation[:1]]
+    return scripts[0] if scripts else None
+
+
+def evaluator_file(data: dict[str, Any], root: Path) -> Path | None:
+    """The checkout file of a task's evaluator (from its task file's fields): the starter file its first
+    ``evaluation_paths`` entry is copied from."""
+    evaluation = _strings(data.get("evaluation_paths"))
+    if not evaluation:
+        return None
+    entry = _starter_entry(_strings(data.get("starter_code")), evaluation[0])
+    return (root / entry).resolve() if entry is not None else None
+
+
+def _starter_entry(starter_code: list[str], workspace_path: str) -> str | None:
+    """The starter file (or folder) a workspace path comes from: the entry whose name is the path's first part."""
+    first = Path(workspace_path).parts[0] if workspace_path else ""
+    return next((item for item in starter_code if Path(item).name == first), None)
+
+
+def _baseline_of(path: Path, data: dict[str, Any], root: Path) -> BorrowedBaseline | None:
+    """The baseline program the task file ``path`` names, as one to borrow; None when it names none."""
+    script = baseline_script(data)
+    program = _starter_entry(_strings(data.get("starter_code")), script) if script else None
+    if script is None or program is None or not (root / program).exists():
+        return None
+    return BorrowedBaseline(str(data["id"]), str(path), program, script)
+
+
+def overlay_baseline_metrics(spec: TaskSpec) -> list[str]:
+    """The metrics of ``spec.baseline`` that our overlay added (``mlgym_overlay.BASELINE_METRICS``) to what the
+    task file of an MLGym checkout records; [] for a task elsewhere."""
+    if not spec.source or checkout_of(spec.source) is None or not spec.baseline:
+        return []
+    try:
+        recorded = read_yaml(Path(spec.source)).get("baseline_scores") or [{}]
+        own = set(recorded[0]) if isinstance(recorded[0], dict) else set()
+    except Exception:  # noqa: BLE001 - a file that changed since it was loaded: nothing to tell apart
+        return []
+    return [metric for metric in spec.baseline if metric not in own]
+
+
+def checkout_headers(root: Path, *, warn: bool = True) -> list[tuple[Path, dict[str, Any]]]:
+    """``(path, header)`` of every readable task file of the checkout, by file name; an unreadable one is skipped
+    (with a warning naming it when ``warn``)."""
+    headers = []
+    for path in sorted((root / "configs" / "tasks").glob("*.yaml")):
+        try:
+            headers.append((path, task_header(path)))
+        except Exception as exc:  # noqa: BLE001 - one unreadable file must not hide the others
+            if warn:
+                warnings.warn(f"skipping MLGym task file {str(path)!r}: {exc}", RuntimeWarning, stacklevel=3)
+    return headers
+
+
+def task_names(headers: list[tuple[Path, dict[str, Any]]]) -> dict[Path, str | None]:
+    """The registered name of each task file (without the namespace): its ``id``, for the first file declaring it;
+    for a later one its file's stem, unless a task of the checkout has that id (then None: it is reached by path).
+    Each later file is warned about with a ``DuplicateTaskIdWarning``."""
+    first: dict[str, Path] = {}
+    for path, data in headers:
+        first.setdefault(str(data["id"]), path)
+    names: dict[Path, str | None] = {}
+    for path, data in headers:
+        task_id = str(data["id"])
+        if first[task_id] == path:
+            names[path] = task_id
+            continue
+        names[path] = path.stem if path.stem not in first else None
+        warnings.warn(DuplicateTaskIdWarning(duplicate_message(path, first[task_id], task_id, names[path])),
+                      stacklevel=3)
+    return names
+
+
+def duplicate_message(path: Path, first: Path, task_id: str, name: str | None) -> str:
+    """The warning for the task file ``path``, which declares the id ``task_id`` of the earlier file ``first``."""
+    if name is not None:
+        how = f"it is registered as {NAMESPACE}{name} (its file's name)"
+    else:
+        how = f"{NAMESPACE}{path.stem} (its file's name) is another task's id, so it has no name of its own"
+    return (f"MLGym task files {first.name} and {path.name} in {str(path.parent)!r} both declare id {task_id!r}: "
+            f"{NAMESPACE}{task_id} is {first.name}'s; {how}. Both are reachable by their paths "
+            f"(registry.make({str(path)!r}), `mlgym-registry run {path}`)")
+
+
 @hookimpl
 def register_tasks(register):
     root = find_checkout()
     if root is None:
         return
-    seen: dict[str, Path] = {}
-    for path in sorted((root / "configs" / "tasks").glob("*.yaml")):
-        try:
-            data = task_header(path)
-        except Exception as exc:  # noqa: BLE001 - one unreadable file must not hide the others
-            warnings.warn(f"skipping MLGym task file {str(path)!r}: {exc}", RuntimeWarning, stacklevel=2)
+    headers = checkout_headers(root)
+    names = task_names(headers)
+    sharing: dict[str, list[str]] = {}
+    for path, data in headers:
+        sharing.setdefault(str(data["id"]), []).append(path.name)
+    for path, data in headers:
+        name = names[path]
+        if name is None:
             continue
         task_id = str(data["id"])
-        if task_id in seen:
-            # MLGym itself ships variants that reuse an id (e.g. a second config of one task): the first file wins
-            log.info("MLGym task file %s reuses id %r of %s; keeping the first", path, task_id, seen[task_id])
-            continue
-        seen[task_id] = path
         description = str(data.get("name") or task_id).strip().splitlines()[0]
-        register(NAMESPACE + task_id, functools.partial(load_mlgym_task, str(path), str(root)), description=description)
+        meta: dict[str, Any] = {}
+        if len(sharing[task_id]) > 1:  # shown by `info`: which file this name reads, and which others share its id
+            meta = {"task_file": str(path), "id_also_declared_by": [n for n in sharing[task_id] if n != path.name]}
+        if name != task_id:
+            description += f" (the variant in {path.name}, which declares id {task_id!r})"
+        register(NAMESPACE + name, functools.partial(load_mlgym_task, str(path), str(root)), description=description,
+                 **meta)

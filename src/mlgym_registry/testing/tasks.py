@@ -34,6 +34,10 @@ class TaskCheck:
     warnings: list[str] = field(default_factory=list)
     """What is not a problem but deserves a look: a single run beyond the tolerance (no noise estimate), a key of
     the task file that looks like a misspelt field."""
+    baseline_program: str = ""
+    """The baseline program each run scores and where it comes from (``evaluator_runs.baseline_run``)."""
+    compared_with: str = ""
+    """The published scores the runs are compared with and where they come from (``recorded_baseline``)."""
 
     @property
     def ok(self) -> bool:
@@ -47,8 +51,10 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
 
     ``task`` is a registered name, a ``TaskSpec`` or a path to a task YAML file. The starter code is scored ``runs``
     times with different evaluator seeds, as ``validate`` scores it (``run_evaluator``: sandboxed, the task's data and
-    interpreter, its baseline program first when it has one); the recorded baseline must lie within four standard
-    deviations of the fresh runs' mean, or within the task's ``baseline_tolerance`` (relative, default 0.1 %) of it.
+    interpreter, its baseline program first when it has one, or the one of the MLGym task it derives from); the
+    report names that program (``baseline_program``) and the published scores (``compared_with``), which must lie
+    within four standard deviations of the fresh runs' mean, or within the task's ``baseline_tolerance`` (relative,
+    default 0.1 %) of it.
     A difference whose cause the task states (``baseline_note``) is listed in ``known_differences``, not a problem.
     """
     spec = _load_task(task)
@@ -67,6 +73,10 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
     report.problems.extend(_metric_name_problems(spec))
     if report.problems:
         return _conclude(report, raise_on_failure)
+    from ..tasks.evaluator_runs import baseline_run, recorded_baseline
+
+    report.baseline_program = baseline_run(spec).description
+    report.compared_with = recorded_baseline(spec)
     for seed in range(runs):
         try:
             report.runs.append(EvaluationRun(seed, run_evaluator(spec, seed=seed)))
@@ -168,7 +178,7 @@ def run_evaluator(spec: TaskSpec, *, seed: int | None = None, timeout: float | N
                   backend_options: dict[str, Any] | None = None) -> dict[str, float]:
     """The metrics ``validate`` gives the task's starter code, with the evaluator's seed ``seed``: a fresh sandboxed
     workspace of the local backend with the task's files, data and interpreter, the baseline program run first when
-    the task has one (``mlgym_registry.tasks.evaluator_runs.baseline_command``), then the pristine evaluator."""
+    the task has one (``mlgym_registry.tasks.evaluator_runs.baseline_run``), then the pristine evaluator."""
     from ..tasks.evaluator_runs import score_starter
 
     return score_starter(spec, seed=seed, timeout=timeout, backend_options=backend_options)
