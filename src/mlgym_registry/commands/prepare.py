@@ -2,7 +2,9 @@
 
 For each task (a registered name or a task YAML file): ``mlgym_registry.prepare``, that is a Python environment with
 the packages it declares (unless the interpreter running this command has them already), then its data when the task
-has a recipe to make it, with the task's interpreter.
+has a recipe to make it, with the task's interpreter. Then it says what is still in the way of ``make``, every
+blocker at once (packages, data, models, devices, a trust flag: the local backend's ``task_checks.blockers``, the
+checks ``make`` runs), and exits 1 while any task has one.
 ``--list`` shows the prepared environments, their requirements and the registered tasks that use them.
 """
 
@@ -26,18 +28,30 @@ def main(args: argparse.Namespace) -> int:
     """Prepare each task, then list the environments when asked."""
     if not args.tasks and not args.list:
         raise SystemExit("prepare needs at least one TASK (a registered name or a task YAML file), or --list")
-    for task in args.tasks:
-        prepare_task(task, force=args.force, data_dir=args.data_dir)
+    blocked = [task for task in args.tasks if prepare_task(task, force=args.force, data_dir=args.data_dir)]
     if args.list:
         list_environments()
-    return 0
+    return 1 if blocked else 0
 
 
-def prepare_task(task: str, *, force: bool = False, data_dir: str | None = None) -> None:
-    """The task's environment, then its data (when it has a recipe for it)."""
+def prepare_task(task: str, *, force: bool = False, data_dir: str | None = None) -> list:
+    """The task's environment, then its data (when it has a recipe for it); then every blocker left, printed, and
+    returned (empty when the task is ready to run)."""
+    import sys
+
+    from ..backends.local.task_checks import blockers
     from ..preparation import prepare
+    from ..preparation.virtualenvs import load_task, task_label
 
     prepare(task, force=force, data_dir=data_dir)
+    spec = load_task(task)
+    found = blockers(spec, data_dir=data_dir)
+    label = task_label(spec)
+    if not found:
+        print(f"{label}: ready to run")
+    for blocker in found:
+        print(f"{label}: still blocked by {blocker}", file=sys.stderr)
+    return found
 
 
 def list_environments() -> None:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import MissingTaskPackages, MLGymRegistryError, PrepareFailed
 from ..specs import TaskSpec
+from .import_check import check_imports
 from .task_packages import missing_requirements, normalise_requirement, requirement_name, task_requirements
 
 if TYPE_CHECKING:
@@ -208,6 +209,7 @@ def _build(requirements: list[str], *, label: str, force: bool, pip_args: Sequen
             echo(f"{label}: building an environment with {', '.join(requirements)} in {building} ...")
             python = _make_venv(building)
             _pip_install(python, _install_list(requirements), pip_args, echo)
+            check_imports(python, requirements, label)  # before the ready marker: a broken environment is never used
             _write_records(building, python, requirements)
             _publish(entry, building)
         except BaseException:

@@ -79,6 +79,10 @@ EXTRAS: dict[str, dict[str, object]] = {
     "rlMountainCarContinuousReinforce": _JITS_AGENT_CODE,
     "regressionKaggleHousePrice": {"prepare_data": _KAGGLE_SPLIT},
     "regressionKaggleHousePriceL1": {"prepare_data": _KAGGLE_SPLIT},
+    # evaluate.py and baseline.py assert torch.cuda.is_available() and move every batch to a CUDA device
+    "languageModelingFineWeb": {"needs": {"devices": ["cuda"]}},
+    # evaluate.py builds its tokenizer with BertTokenizer.from_pretrained('bert-base-uncased'), from the hub
+    "naturalLanguageInferenceMNLI": {"needs": {"models": ["bert-base-uncased"]}},
     "titanicSurvival": {
         "baseline_command": _GENDER_RULE,
         "baseline_note": (
@@ -92,8 +96,9 @@ EXTRAS: dict[str, dict[str, object]] = {
 }
 """Task extras we add (see ``mlgym_registry.preparation.datasets.prepare_data`` and
 ``mlgym_registry.tasks.evaluator_runs``): how to make a task's data from what its repository ships, the baseline
-program of a task whose file names none, and why a
-published baseline cannot be reproduced from a checkout's data."""
+program of a task whose file names none, why a published baseline cannot be reproduced from a checkout's data, and
+what a task needs beyond packages and data (``needs``: a CUDA device, Hugging Face models; see
+``mlgym_registry.backends.local.task_checks``)."""
 
 
 def overlay_extras(task_id: str, extra: dict[str, object]) -> dict[str, object]:

@@ -136,7 +136,7 @@ class LocalBackend:
         task_checks.refuse_untrusted_evaluator(spec, trust_agent_code)
         if gpus:
             task_checks.refuse_missing_gpus()
-        task_checks.refuse_unservable_datasets(spec, data_dir)
+        task_checks.refuse_unservable(spec, data_dir)
         self.seed = seed
         """The user's seed of the current stream of episodes (None: every episode draws fresh randomness)."""
         self.episode = -1
@@ -203,12 +203,12 @@ class LocalBackend:
     @staticmethod
     def check_task(spec: TaskSpec, *, data_dir: str | None = None, python: str | None = None,
                    trust_agent_code: bool = False, **_options: Any) -> None:
-        """Raise now (at ``make``) when this backend cannot serve ``spec``: its evaluator would run the agent's code
-        in-process untrusted, its data is missing or unservable, or the packages it needs are nowhere
-        (``MissingTaskPackages``)."""
-        task_checks.refuse_untrusted_evaluator(spec, trust_agent_code)
-        task_checks.interpreter(python, spec)  # before the data: `prepare` makes both; a missing package says so first
-        task_checks.refuse_unservable_datasets(spec, data_dir)
+        """Raise now (at ``make``) the first of ``task_checks.blockers``: its evaluator would run the agent's code
+        in-process untrusted, the packages it needs are nowhere (``MissingTaskPackages``; before the data, as
+        ``prepare`` makes both), it needs a device this host lacks, or its data or models are missing or unservable."""
+        found = task_checks.blockers(spec, data_dir=data_dir, python=python, trust_agent_code=trust_agent_code)
+        if found:
+            raise found[0].error
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
