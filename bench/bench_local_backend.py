@@ -5,7 +5,9 @@
   in turn with the resets in the same run (so a burst of load hits both alike);
 - step: median time of a trivial step (``echo hi``) through the bare backend and through the ``registry.make`` env
   (the whole chain), each divided by the time of ``subprocess.run(["bash", "-c", "echo hi"])`` measured in the same run;
-- memory: resident memory of the backend process trees (shell and its children) per idle env, with 16 envs open.
+- memory: resident memory of the backend process trees (shell and its children) per idle env, with 16 envs open;
+- reset among many: with those envs open, the median reset of each in turn (a trainer resetting its batch; each env's
+  next sandbox was started ahead by its last reset), against a bare bubblewrap start timed beside each.
 
 Targets: reset within 3x of the bare bubblewrap start (and < 150 ms median), step ratio < 3, < 30 MB per idle env.
 The ratios are the figures that matter; absolute times depend on the machine and its load.
@@ -68,6 +70,18 @@ def reset_and_bare_ms(env: LocalBackend, repeats: int) -> tuple[float, float]:
     return statistics.median(resets), statistics.median(starts)
 
 
+def resets_among_many_ms(envs: list[LocalBackend], rounds: int) -> tuple[float, float]:
+    """Median reset of each open env in turn (as a trainer resets a batch of envs), ``rounds`` times over, and the
+    median bare bwrap start, alternated with them."""
+    bare = [sandbox.bwrap_executable(), "--ro-bind", "/", "/", "--unshare-all", "true"]
+    resets, starts = [], []
+    for _ in range(rounds):
+        for env in envs:
+            resets.append(median_ms(env.reset, 1))
+            starts.append(median_ms(lambda: subprocess.run(bare, check=True), 1))
+    return statistics.median(resets), statistics.median(starts)
+
+
 def chain_step_ms(repeats: int) -> float | None:
     """Median time of one ``echo hi`` step through ``registry.make("prisonersDilemma")``, or None without a chain."""
     if importlib.util.find_spec("mlgym_registry.transforms.chain") is None:
@@ -123,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
                 each.install_tools()
             time.sleep(0.5)
             per_env_mb = sum(tree_rss(each._res.session.pid) for each in envs) / len(envs) / 2**20
+            many_reset_ms, many_bwrap_ms = resets_among_many_ms(envs, rounds=2)
         finally:
             for each in envs:
                 each.close()
@@ -139,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
         ratio = chain_ms / bare_ms
         print(f"registry.make env step('echo hi'):       {chain_ms:8.2f} ms   ratio {ratio:5.2f} (target < 3)")
     print(f"resident memory per idle env ({args.envs} open): {per_env_mb:8.2f} MB   (target < 30 MB)")
+    print(f"reset of each of {args.envs} open envs in turn:  {many_reset_ms:8.2f} ms   ratio "
+          f"{many_reset_ms / many_bwrap_ms:5.2f} to a bare bwrap start timed beside them ({many_bwrap_ms:.2f} ms)")
 
 
 if __name__ == "__main__":
