@@ -120,7 +120,8 @@ def test_mlgym_ranking_metric_lands_in_the_spec(checkout):
     write(checkout / "configs/tasks/sat.yaml", GAME.replace("gameId", "3SATTime"))
     write(checkout / "configs/tasks/own.yaml", GAME.replace("gameId", "ownMetric") + "priority_metric: Correct\n")
     reg = fresh()
-    assert reg.spec("mlgym/3SATTime").extra == {"priority_metric": "Time", "metric_direction": "min"}
+    extra = reg.spec("mlgym/3SATTime").extra
+    assert (extra["priority_metric"], extra["metric_direction"]) == ("Time", "min")
     assert reg.spec("mlgym/ownMetric").extra == {"priority_metric": "Correct"}  # the task file's own word stands
 
 

@@ -12,7 +12,8 @@ better kept apart), so every local dataset is looked for, in order, in:
 
 In a data folder, a dataset sits at the same relative path as in the task's root (for example
 ``<data folder>/data/titanic/data`` for MLGym's Titanic task), so a folder can hold the data of a whole suite and a
-user can replace one file of a dataset (real labels, say) by putting a complete copy of the dataset there.
+user can replace one file of a dataset (real labels, say) by putting a complete copy of the dataset there. A task
+whose ``extra`` names ``data_files`` counts a place as its dataset only when it holds them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ DATA_ENV = "MLGYM_REGISTRY_DATA"
 PREPARE_KEY = "prepare_data"
 """A task's ``extra`` entry saying how to make its data: ``{"script": ..., "output": ...}``, both relative to the
 task's root: ``python <script>`` run in a scratch copy of the script's folder makes the folder ``output``."""
+DATA_FILES_KEY = "data_files"
+"""A task's ``extra`` entry: the files (glob patterns, relative to the dataset's folder) its local datasets' folder
+must hold to count as found, so that an empty or partial folder is refused at ``make`` rather than failing the
+evaluator."""
+DATA_HINT_KEY = "data_hint"
+"""A task's ``extra`` entry: what its missing data is and how to make or get it, added to the ``TaskFilesMissing``
+message; ``{folder}`` in it becomes the folder where the data goes (the dataset's place in the first data folder)."""
 
 
 def default_data_folder() -> Path:
@@ -70,23 +78,45 @@ def dataset_candidates(spec: TaskSpec, dataset: dict[str, Any], data_dir: str | 
 
 
 def find_local_dataset(spec: TaskSpec, dataset: dict[str, Any], data_dir: str | None = None) -> Path:
-    """The folder (or file) of a local dataset: the first candidate that exists, else ``TaskFilesMissing`` naming
-    where to put it and, when the task can make its data, the command that does."""
+    """The folder (or file) of a local dataset: the first candidate that exists and holds the task's ``data_files``,
+    else ``TaskFilesMissing`` naming where to put it, the files it must hold, the task's ``data_hint`` and, when the
+    task can make its data, the command that does."""
     from .virtualenvs import prepare_command
 
     places = dataset_candidates(spec, dataset, data_dir)
+    files = required_files(spec)
     for place in places:
-        if place.exists():
+        if place.exists() and not missing_files(place, files):
             return place
     name = dataset.get("name", "")
-    shown = "\n".join(f"  {place}" for place in places)
+    shown = "\n".join(f"  {place}" + _lacking(place, files) for place in places)
     hint = (f" {prepare_command(spec)} makes it." if spec.extra.get(PREPARE_KEY) else
             f" Put the files in a data folder at the same relative path (pass data_dir=... to the backend or set "
             f"{DATA_ENV}).")
+    needed = f" It must hold {', '.join(files)}." if files else ""
+    extra_hint = str(spec.extra.get(DATA_HINT_KEY) or "").strip()
+    told = f"\n{extra_hint.replace('{folder}', str(places[0]))}" if extra_hint and places else ""
     raise TaskFilesMissing(
         f"task {spec.id!r}: the files of its local dataset {name!r} are not here; looked in:\n{shown}\n"
-        f"The task file's repository does not ship them.{hint}"
+        f"The task file's repository does not ship them.{hint}{needed}{told}"
     )
+
+
+def required_files(spec: TaskSpec) -> list[str]:
+    """The glob patterns (``data_files``) a folder of the task's local dataset must match to count as found."""
+    value = spec.extra.get(DATA_FILES_KEY) or []
+    return [str(item) for item in ([value] if isinstance(value, str) else value) if str(item).strip()]
+
+
+def missing_files(place: Path, files: list[str]) -> list[str]:
+    """The patterns of ``files`` that nothing in the folder ``place`` matches."""
+    return [pattern for pattern in files if not (place.is_dir() and any(place.glob(pattern)))]
+
+
+def _lacking(place: Path, files: list[str]) -> str:
+    """`` (it lacks ...)`` for a candidate folder that exists but misses some required files, else ``""``."""
+    lacking = missing_files(place, files) if place.exists() else []
+    return f" (there, but it lacks {', '.join(lacking)})" if lacking else ""
 
 
 def local_datasets(spec: TaskSpec) -> list[dict[str, Any]]:

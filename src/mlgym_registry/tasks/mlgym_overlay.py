@@ -7,7 +7,7 @@ from). The local backend takes these files out of the agent's view and shows the
 
 Tasks whose answers live outside the workspace (the Hugging Face datasets of the image and language tasks, whose
 test labels the evaluator loads by name) or whose evaluator reads no answers (3-SAT solves its instances; the games
-play an opponent) have no entry here.
+play an opponent) have no entry in ``SECRET_FILES``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,45 @@ _JITS_AGENT_CODE = {
     # network with jax.jit inside its own rollouts: the agent's code cannot run in another process
     "agent_code_in_evaluator": True,
 }
+_SAT_DATA = {
+    # evaluate.py reads data/dataset.pkl (datasets/3SAT.yaml puts data/3SATTime/data at data/), which MLGym's repository
+    # does not ship and MLGym publishes no script for; sat_instances writes a file of the same format
+    "data_files": ["dataset.pkl"],
+    "data_hint": (
+        "3SATTime's evaluate.py reads data/dataset.pkl: a pickled list of (index, num_vars, num_clauses, clauses, "
+        "is_sat, solution) tuples, each clause a list of integer literals (-v negates variable v), times its solver "
+        "with the agent's heuristic on all but the first three and fails on a verdict that differs from is_sat. Put "
+        "MLGym's dataset.pkl in {folder}, or make one of random instances there (not MLGym's, so scores are not "
+        "comparable with its published ones): "
+        "`python -m mlgym_registry.tasks.sat_instances --out {folder} --count 1000 --vars 12 --seed 0`"
+    ),
+}
+_COCO_DATA = {
+    # baseline.py reads ./data/train_images.parquet and ./data/val_images.parquet (a row per image: file_name and anns,
+    # its annotations with their captions) and opens each image at ./data/<split>/<file_name>
+    "data_files": ["train_images.parquet", "val_images.parquet", "train", "val"],
+    "data_hint": (
+        "imageCaptioningCOCO's baseline.py reads data/train_images.parquet and data/val_images.parquet (a row per "
+        "image: its file_name and anns, the list of its MS COCO annotations, each with a caption) and the images at "
+        "data/train/<file_name> and data/val/<file_name>; MLGym's repository ships none of them. Make them from MS "
+        "COCO's images and caption annotations (cocodataset.org) and put them in {folder}"
+    ),
+}
+_FINEWEB_DATA = {
+    # evaluate.py scores on ./data/fineweb10B/fineweb_val_*.bin (10,485,760 tokens), baseline.py trains on
+    # ./data/fineweb10B/fineweb_train_*.bin; both check llm.c's shard header (magic 20240520, version 1)
+    "data_files": ["fineweb10B/fineweb_train_*.bin", "fineweb10B/fineweb_val_*.bin"],
+    "data_hint": (
+        "languageModelingFineWeb's evaluate.py scores on data/fineweb10B/fineweb_val_*.bin (its first 10,485,760 "
+        "tokens) and baseline.py trains on data/fineweb10B/fineweb_train_*.bin: FineWeb's text as GPT-2 token shards "
+        "in llm.c's format (a header of 256 int32, magic 20240520, version 1, the token count, then uint16 tokens), "
+        "as llm.c's dev/data/fineweb.py writes them; MLGym's repository ships none of them. Put the fineweb10B "
+        "folder in {folder}"
+    ),
+}
 EXTRAS: dict[str, dict[str, object]] = {
+    "3SATTime": _SAT_DATA,
+    "imageCaptioningCOCO": _COCO_DATA,
     "rlBreakoutMinAtar": _JITS_AGENT_CODE,
     "rlMetaMazeMisc": _JITS_AGENT_CODE,
     "rlMountainCarContinuous": _JITS_AGENT_CODE,
@@ -80,7 +118,7 @@ EXTRAS: dict[str, dict[str, object]] = {
     "regressionKaggleHousePrice": {"prepare_data": _KAGGLE_SPLIT},
     "regressionKaggleHousePriceL1": {"prepare_data": _KAGGLE_SPLIT},
     # evaluate.py and baseline.py assert torch.cuda.is_available() and move every batch to a CUDA device
-    "languageModelingFineWeb": {"needs": {"devices": ["cuda"]}},
+    "languageModelingFineWeb": {"needs": {"devices": ["cuda"]}, **_FINEWEB_DATA},
     # evaluate.py builds its tokenizer with BertTokenizer.from_pretrained('bert-base-uncased'), from the hub
     "naturalLanguageInferenceMNLI": {"needs": {"models": ["bert-base-uncased"]}},
     "titanicSurvival": {
@@ -96,9 +134,10 @@ EXTRAS: dict[str, dict[str, object]] = {
 }
 """Task extras we add (see ``mlgym_registry.preparation.datasets.prepare_data`` and
 ``mlgym_registry.tasks.evaluator_runs``): how to make a task's data from what its repository ships, the baseline
-program of a task whose file names none, why a published baseline cannot be reproduced from a checkout's data, and
-what a task needs beyond packages and data (``needs``: a CUDA device, Hugging Face models; see
-``mlgym_registry.backends.local.task_checks``)."""
+program of a task whose file names none, why a published baseline cannot be reproduced from a checkout's data, what
+a task needs beyond packages and data (``needs``: a CUDA device, Hugging Face models; see
+``mlgym_registry.backends.local.task_checks``), and for data MLGym's repository does not ship, the files its folder
+must hold (``data_files``) and what they are and how to make them (``data_hint``, shown when they are missing)."""
 
 
 def overlay_extras(task_id: str, extra: dict[str, object]) -> dict[str, object]:
