@@ -33,7 +33,7 @@ PAGES = sorted(DOCS.glob("*.md"))
 BLOCK = re.compile(r"(?P<skip><!-- docs-test: skip [^>]+-->\n)?^```(?P<lang>\w*)\n(?P<code>.*?)^```$",
                    re.MULTILINE | re.DOTALL)
 # episodes in worker processes and on Ray; training
-SLOW_PAGES = {"quickstart.md", "training.md", "scaling.md", "evaluation.md", "serving.md"}
+SLOW_PAGES = {"quickstart.md", "training.md", "scaling.md", "evaluation.md", "serving.md", "verifiers.md"}
 RAY_PAGES = {"scaling.md"}  # start Ray runtimes
 
 
