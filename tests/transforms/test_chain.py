@@ -440,3 +440,25 @@ def test_each_step_writes_its_facts_once_and_parses_the_reply_once(backends):
     finally:
         env.close()
         registry.unregister("parser", "counting_chain")
+
+
+def test_the_conversation_read_from_a_message_on_is_the_tail_of_the_whole(backends):
+    from mlgym_registry.transforms.history import as_dicts, message_count
+
+    env = registry.make(SPEC, backend="standin_chain")  # batched: a History of shape (1, n)
+    try:
+        layout = env.base_env.layout
+        td = env.reset()
+        for command in ("ls", "cat x", "ls -a"):
+            td.set(layout.response, [fenced(command)])
+            td = env.step_mdp(env.step(td))
+        history = td[layout.history]
+        whole = as_dicts(history)
+        read_by_field = history[0]  # TorchRL's own way: each field's list (it reads every message)
+        assert whole == [{"role": r, "content": c} for r, c in zip(read_by_field.role, read_by_field.content,
+                                                                    strict=True)]
+        assert message_count(history) == len(whole) == 8
+        for start in (0, 1, 5, 7, 8, 12):
+            assert as_dicts(history, start) == whole[start:]
+    finally:
+        env.close()

@@ -135,7 +135,7 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
             raise gymnasium.error.ResetNeeded("call reset() before step()")
         if not isinstance(action, str):
             raise TypeError(f"an action is a model's answer, a str; got {type(action).__name__}")
-        shown_before = len(self._whole_conversation())
+        shown_before = self._conversation_length()
         self._td.set(self.layout.response, action)
         after = self.chain.step(self._td)["next"]
         thought, command, _, format_error = turn_facts(after, self.layout)
@@ -188,14 +188,19 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
                     format_error=format_error)
         return info
 
-    def _whole_conversation(self) -> list[dict[str, str]]:
-        """Every message so far, also those a history processor hides from the policy."""
-        from ..transforms.history import as_dicts
+    def _conversation_length(self) -> int:
+        """How many messages the whole conversation holds so far (also those a history processor hides)."""
+        from ..transforms.history import message_count
 
-        return as_dicts(self.history)
+        history = self.history
+        return 0 if history is None else message_count(history)
 
     def _show_from(self, start: int) -> None:
-        """Keep the messages from ``start`` on as the latest turn, and print them in ``"human"`` mode."""
-        self._latest = self._whole_conversation()[start:]
+        """Keep the messages from ``start`` on as the latest turn (read alone: a step costs the same at any length),
+        and print them in ``"human"`` mode."""
+        from ..transforms.history import as_dicts
+
+        history = self.history
+        self._latest = [] if history is None else as_dicts(history, start)
         if self.render_mode == "human":
             self.render()

@@ -116,13 +116,40 @@ def common_prefix(a: list[Any], b: list[Any]) -> int:
     return count
 
 
-def as_dicts(history: Any) -> list[dict[str, str]]:
-    """The ``{"role", "content"}`` dicts of a one-conversation ``History`` (as chat templates take them); a batched
-    one of a single conversation (shape ``(1, n)``, as the env gives it) counts as one."""
+def _single(value: Any) -> str:
+    """The one string of a message's field (a ``str``, or TorchRL's non-tensor containers around one)."""
+    while not isinstance(value, str):
+        if isinstance(value, list | tuple):
+            value = value[0]
+        elif hasattr(value, "tolist"):
+            value = value.tolist()
+        else:
+            value = value.data
+    return value
+
+
+def message_count(history: Any) -> int:
+    """How many messages a one-conversation ``History`` holds (its last dim), read without touching them."""
+    return int(history.batch_size[-1]) if getattr(history, "ndim", 0) else 1
+
+
+def as_dicts(history: Any, start: int = 0) -> list[dict[str, str]]:
+    """The ``{"role", "content"}`` dicts of a one-conversation ``History`` (as chat templates take them), from its
+    ``start``-th message on (at a cost in the messages read, not in the conversation's length); a batched one of a
+    single conversation (shape ``(1, n)``, as the env gives it) counts as one."""
+    if getattr(history, "ndim", 1) > 1 and history.batch_size[:-1].numel() != 1:
+        raise ValueError(f"a History of shape {tuple(history.batch_size)} holds several conversations, not one")
+    stack = getattr(history, "_tensordict", None)
+    if isinstance(stack, LazyStackedTensorDict) and stack.stack_dim == stack.ndim - 1:
+        # the chain's own History: its messages one by one, without indexing the stack (which reads every message)
+        return [{"role": _single(message.get("role")), "content": _single(message.get("content"))}
+                for message in stack.tensordicts[start:]]
     if getattr(history, "ndim", 1) > 1:
-        if history.batch_size[:-1].numel() != 1:
-            raise ValueError(f"a History of shape {tuple(history.batch_size)} holds several conversations, not one")
         history = history[(0,) * (history.ndim - 1)]
+    if start:
+        if start >= history.batch_size[-1]:
+            return []
+        history = history[start:]
     roles = history.role
     contents = history.content
     if isinstance(roles, str):
