@@ -48,6 +48,7 @@ def test_a_terminal_shows_new_steps_even_when_no_episode_ended():
     show_progress(bar, 0, "1 steps")
     time.sleep(TERMINAL_REDRAW_S * 2)
     show_progress(bar, 0, "2 steps")  # a step, no episode finished: the redraw shows it
-    assert terminal.getvalue().split("\r")[-1].endswith("0/2 [00:00<?, ?episode/s, 2 steps]")
+    shown = terminal.getvalue().split("\r")[-1]
+    assert " 0/2 [" in shown and shown.endswith("<?, ?episode/s, 2 steps]")  # any elapsed time: a loaded machine
     bar.close()
     assert terminal.getvalue().endswith("\n")
