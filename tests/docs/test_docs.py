@@ -35,6 +35,8 @@ BLOCK = re.compile(r"(?P<skip><!-- docs-test: skip [^>]+-->\n)?^```(?P<lang>\w*)
 # episodes in worker processes and on Ray; training
 SLOW_PAGES = {"quickstart.md", "training.md", "scaling.md", "evaluation.md", "serving.md", "verifiers.md"}
 RAY_PAGES = {"scaling.md"}  # start Ray runtimes
+EXTRA_PAGES = {"verifiers.md": "verifiers"}
+"""Pages whose examples need an optional extra's module: run where it is installed, skipped where it is not."""
 
 
 def page_param(page: Path):
@@ -70,6 +72,8 @@ def test_code_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # what the examples make in the temp folder goes with the test's
     monkeypatch.setattr(tempfile, "tempdir", None)
+    if page.name in EXTRA_PAGES:
+        pytest.importorskip(EXTRA_PAGES[page.name], reason=f"{page.name} needs the {EXTRA_PAGES[page.name]} extra")
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
     found = blocks(page)
     assert found, f"{page.name} has no code block"
