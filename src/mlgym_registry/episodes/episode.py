@@ -154,22 +154,22 @@ def conversation(td: Any, layout: Any) -> list[dict[str, str]]:
 
 def text_at(td: Any, key: Any) -> str:
     """The string stored at ``key`` in ``td`` ('' when absent or None), unwrapping TorchRL's non-tensor containers."""
-    value = td.get(key, None)
-    while value is not None and not isinstance(value, str) and hasattr(value, "data"):
-        value = value.data
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
+    value = _unwrapped(td.get(key, None), str)
     return "" if value is None else str(value)
 
 
-def facts_at(td: Any, key: Any) -> TurnFacts:
-    """The ``TurnFacts`` stored at ``key`` in ``td``, unwrapping TorchRL's non-tensor containers."""
-    value = td.get(key)
-    while not isinstance(value, TurnFacts) and hasattr(value, "data"):
+def _unwrapped(value: Any, kind: type) -> Any:
+    """``value`` out of TorchRL's non-tensor containers (``NonTensorData``, a one-item stack), down to a ``kind``."""
+    while value is not None and not isinstance(value, kind) and hasattr(value, "data"):
         value = value.data
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     return value
+
+
+def facts_at(td: Any, key: Any) -> TurnFacts:
+    """The ``TurnFacts`` stored at ``key`` in ``td``, unwrapping TorchRL's non-tensor containers."""
+    return _unwrapped(td.get(key), TurnFacts)
 
 
 def turn_facts(after: Any, layout: Any) -> tuple[str, str, str, bool]:

@@ -15,14 +15,13 @@ produced (``"\\ud800"``) cannot be encoded for the shell, so it is replaced befo
 
 The step's facts are written here, once, into the step's output under ``layout.turn``: the ``thought``, the
 ``action`` as the model gave it ('' on a retry; the backend ran its isolated form) and the ``format_error`` message
-('' when the reply was usable). The
-episode loop, the Gymnasium face and the worker processes read their turn from them (``episodes.episode.turn_facts``),
-and the reply is parsed once per step: the thought comes from the parse the isolator itself asked for.
+('' when the reply was usable). The episode loop, the Gymnasium face and the worker processes read their turn from
+them (``episodes.episode.turn_facts``), and the reply is parsed once per step: the thought comes from the parse the
+isolator itself asked for.
 """
 
 from __future__ import annotations
 
-from dataclasses import astuple
 from typing import Any
 
 from tensordict import NonTensorData, TensorDictBase
@@ -101,9 +100,9 @@ class ActionIsolator(ChainTransform):
             if base.max_format_errors is not None and base.format_errors >= base.max_format_errors:
                 tensordict.set(self.layout.retry, False)
                 tensordict.set(self.layout.action, EXIT_FORMAT)
-                return _with_facts(tensordict, EXIT_FORMAT_THOUGHT, EXIT_FORMAT, error)
+                return _with_facts(tensordict, TurnFacts(EXIT_FORMAT_THOUGHT, EXIT_FORMAT, error))
             tensordict.set(self.layout.retry, True)
-            return _with_facts(tensordict, response, "", error)
+            return _with_facts(tensordict, TurnFacts(response, "", error))
         base.format_errors = 0
         if isinstance(action, str):  # (with output checks off, whatever the isolator returned goes on as it is)
             action = replace_lone_surrogates(action)
@@ -112,18 +111,18 @@ class ActionIsolator(ChainTransform):
         # the turn's action is the command as the model gave it (what MLGym's trajectories record), not the
         # isolator's heredoc-guarded form of it that the backend runs
         thought, command = parser.parse_of(response) or ("", text_of(action))
-        return _with_facts(tensordict, thought, command, "")
+        return _with_facts(tensordict, TurnFacts(thought, command, ""))
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         if self.reward_wrong_format is not None and tensordict.get(FORMAT_ERROR_KEY, None) is not None:
             reward = next_tensordict.get(self.layout.reward)
             next_tensordict.set(self.layout.reward, reward + float(self.reward_wrong_format))
         facts = tensordict.get(_TURN_KEY, None)
-        next_tensordict.set(self.layout.turn, facts if facts is not None else _facts(*astuple(NO_FACTS)))
+        next_tensordict.set(self.layout.turn, facts if facts is not None else _entry(NO_FACTS))
         return next_tensordict
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        tensordict_reset.set(self.layout.turn, _facts(*astuple(NO_FACTS)))
+        tensordict_reset.set(self.layout.turn, _entry(NO_FACTS))
         return tensordict_reset
 
     def transform_observation_spec(self, observation_spec: Composite) -> Composite:
@@ -131,11 +130,11 @@ class ActionIsolator(ChainTransform):
         return observation_spec
 
 
-def _facts(thought: str, action: str, format_error: str) -> NonTensorData:
+def _entry(facts: TurnFacts) -> NonTensorData:
     # one entry for the three: a nested TensorDict of three strings cost the step ~0.5 ms more (bench_chain.py)
-    return NonTensorData(TurnFacts(thought, action, format_error), batch_size=())
+    return NonTensorData(facts, batch_size=())
 
 
-def _with_facts(tensordict: TensorDictBase, thought: str, action: str, format_error: str) -> TensorDictBase:
-    tensordict.set(_TURN_KEY, _facts(thought, action, format_error))
+def _with_facts(tensordict: TensorDictBase, facts: TurnFacts) -> TensorDictBase:
+    tensordict.set(_TURN_KEY, _entry(facts))
     return tensordict
