@@ -180,9 +180,10 @@ def test_an_interrupted_local_runtime_run_leaves_valid_files_and_nothing_running
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                            preexec_fn=default_sigint)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not list(out.glob("env*/*.traj")):
+        deadline = time.monotonic() + 300  # Ray's start-up and two envs' first turns, on a machine other tests load
+        while time.monotonic() < deadline and run.poll() is None and not list(out.glob("env*/*.traj")):
             time.sleep(0.2)
+        assert run.poll() is None, "the run ended before it was interrupted: " + "".join(run.communicate())[-4000:]
         assert list(out.glob("env*/*.traj")), "no episode started"
         time.sleep(1.0)
         os.kill(run.pid, signal.SIGINT)

@@ -271,24 +271,37 @@ def test_an_evaluation_that_uses_its_time_is_the_agents_failure(mini_spec, tmp_p
 
 def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path, monkeypatch):
     """The machine's load (busy processes outside every env, and this env's CPU weight lowered from the host) leaves
-    an honest evaluation no CPU: at the wall-time backstop it is the machine's failure, not the agent's."""
+    an honest evaluation no CPU: at the wall-time backstop it is the machine's failure, not the agent's.
+
+    The starvation starts once the agent's ``validate`` command has asked for the evaluation: starving the env's shell
+    too would time out the command itself (and the new shell's set-up) on a machine already loaded by other tests."""
     monkeypatch.setattr(eval_clock, "BACKSTOP_EXTRA", 0.0)  # a backstop of 4 x 2 s, not 4 x 2 + 60 s
     env = open_backend(mini_spec.replace(training_timeout=2), workspace_dir=str(tmp_path))
     hogs: list[subprocess.Popen] = []
-    try:
-        envelope = env._res.envelope
-        if envelope is None or not envelope.weighted:
-            pytest.skip(f"needs a CPU weight of the env's own on this host: {env.notes}")
+    evaluation: dict[str, float] = {}
+    evaluate = env._evaluate
+
+    def starved_evaluate(info, action):
         if "cpu" in envelope.roots:
             (envelope.roots["cpu"] / "cpu.shares").write_text("2")
         else:
             (envelope.roots["unified"] / "cpu.weight").write_text("1")
-        hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4 * cgroups.CPUS)]
+        hogs.extend(subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4 * cgroups.CPUS))
         started = time.monotonic()
+        try:
+            return evaluate(info, action)
+        finally:
+            evaluation["took"] = time.monotonic() - started
+
+    try:
+        envelope = env._res.envelope
+        if envelope is None or not envelope.weighted:
+            pytest.skip(f"needs a CPU weight of the env's own on this host: {env.notes}")
+        monkeypatch.setattr(env, "_evaluate", starved_evaluate)
         observation, _, _, info = env.step("validate")
-        took = time.monotonic() - started
         assert info["evaluation_status"] == "infra_error", observation
         assert "the machine's load, not the submission's fault" in observation, observation
+        took = evaluation["took"]
         assert eval_clock.backstop(2) <= took < eval_clock.backstop(2) + 30, took  # stopping starved processes
     finally:
         for hog in hogs:
