@@ -35,7 +35,7 @@ BLOCK = re.compile(r"(?P<skip><!-- docs-test: skip [^>]+-->\n)?^```(?P<lang>\w*)
 # episodes in worker processes and on Ray; training
 SLOW_PAGES = {"quickstart.md", "training.md", "scaling.md", "evaluation.md", "serving.md", "verifiers.md"}
 RAY_PAGES = {"scaling.md"}  # start Ray runtimes
-EXTRA_PAGES = {"verifiers.md": "verifiers"}
+EXTRA_PAGES = {"verifiers.md": "verifiers", "trl.md": "trl"}
 """Pages whose examples need an optional extra's module: run where it is installed, skipped where it is not."""
 
 

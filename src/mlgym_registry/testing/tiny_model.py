@@ -8,6 +8,11 @@ tokens; the model is a one-layer Llama with random weights. It writes garbage, q
     tokenizer = tiny_tokenizer()
     model = tiny_model(tokenizer)
     save_tiny_checkpoint("ckpt")      # both, with save_pretrained: what ``--model DIR`` options load
+
+``tiny_tool_tokenizer()`` is the same tokenizer with a chat template that renders tools, assistant tool calls and
+tool results (ChatML turns; a call is ``<tool_call>``, a JSON object with ``name`` and ``arguments``, and
+``</tool_call>``, the text form of ``components.tool_calling``), and a ``response_template`` with which
+``tokenizer.parse_response`` (and so TRL's tool-calling loop) reads the calls back out of a reply.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ def _corpus() -> list[str]:
 def tiny_tokenizer(vocab_size: int = 1000) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer of at most ``vocab_size`` tokens, with ChatML's special tokens and TorchRL's
     ``chatml_format`` chat template."""
+    return _bpe_tokenizer(vocab_size)
+
+
+def _bpe_tokenizer(vocab_size: int, extra_lines: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """The byte-level BPE of ``tiny_tokenizer``, trained on the corpus plus ``extra_lines``."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -51,7 +61,7 @@ def tiny_tokenizer(vocab_size: int = 1000) -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus() * 20, trainer=trainer)
+    tok.train_from_iterator((_corpus() + list(extra_lines)) * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>", bos_token="<|im_start|>"
     )
@@ -86,3 +96,78 @@ def save_tiny_checkpoint(path: str | Path, seed: int = 0) -> Path:
     tiny_model(tokenizer, seed=seed).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+TOOL_CHAT_TEMPLATE = """\
+{%- set ns = namespace(system=none) -%}
+{%- if messages and messages[0]['role'] == 'system' -%}{%- set ns.system = messages[0]['content'] -%}{%- endif -%}
+{%- if tools or ns.system is not none -%}
+{{- '<|im_start|>system\n' -}}
+{%- if ns.system is not none -%}{{- ns.system -}}{%- endif -%}
+{%- if tools -%}
+{%- if ns.system is not none -%}{{- '\n\n' -}}{%- endif -%}
+{{- 'Tools you can call. To call one, write <tool_call>, then a JSON object with its "name" and its "arguments", '
+    'then </tool_call>. The tools:\n' -}}
+{%- for tool in tools -%}{{- tool | tojson -}}{{- '\n' -}}{%- endfor -%}
+{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if loop.first and message['role'] == 'system' -%}
+{%- elif message['role'] == 'assistant' -%}
+{{- '<|im_start|>assistant\n' -}}
+{%- generation -%}
+{{- message['content'] or '' -}}
+{%- for call in message.get('tool_calls') or [] -%}
+{%- set fn = call['function'] if call['function'] is defined else call -%}
+{%- if loop.first and message['content'] -%}{{- '\n' -}}{%- elif not loop.first -%}{{- '\n' -}}{%- endif -%}
+{{- '<tool_call>\n{"name": ' -}}{{- fn['name'] | tojson -}}{{- ', "arguments": ' -}}
+{%- if fn['arguments'] is string -%}{{- fn['arguments'] -}}{%- else -%}{{- fn['arguments'] | tojson -}}{%- endif -%}
+{{- '}\n</tool_call>' -}}
+{%- endfor -%}
+{{- '<|im_end|>' -}}
+{%- endgeneration -%}
+{{- '\n' -}}
+{%- else -%}
+{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
+"""Our ChatML template with tools: the tools' JSON schemas in the system turn, each assistant call as a
+``<tool_call>`` block after the reply's text, and each result as a ``tool`` turn. It preserves prefixes (an earlier
+turn renders the same whatever follows) and marks assistant turns with ``{% generation %}`` for assistant masks."""
+
+TOOL_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+"""How ``parse_response`` reads a reply rendered by ``TOOL_CHAT_TEMPLATE``: text up to ``<|im_end|>``, and each
+``<tool_call>`` block's JSON as a call (transformers' ``response_template`` format)."""
+
+_TOOL_LINES = (
+    '<tool_call>\n{"name": "act", "arguments": {"response": "DISCUSSION\\nLook.\\n```\\nls\\n```"}}\n</tool_call>',
+    'Tools you can call. To call one, write <tool_call>, then a JSON object with its "name" and its "arguments"',
+    '{"type": "function", "function": {"name": "act", "description": "", "parameters": {"type": "object", '
+    '"properties": {"response": {"type": "string", "description": ""}}, "required": ["response"]}}}',
+)
+
+
+def tiny_tool_tokenizer(vocab_size: int = 1000) -> PreTrainedTokenizerFast:
+    """``tiny_tokenizer``'s kind of tokenizer (also trained on tool-call text) whose chat template renders tools,
+    tool calls and tool results (``TOOL_CHAT_TEMPLATE``), with ``response_template`` set so that
+    ``parse_response`` returns the calls of a reply: what TRL's ``GRPOTrainer(environment_factory=...)`` needs."""
+    fast = _bpe_tokenizer(vocab_size, _TOOL_LINES)
+    fast.chat_template = TOOL_CHAT_TEMPLATE
+    fast.response_template = TOOL_RESPONSE_TEMPLATE
+    return fast
