@@ -20,10 +20,9 @@ $(STAMP): pyproject.toml plugins/mlgym-registry-example/pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch first, so that nothing later reaches for a multi-GB CUDA build
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	# not the verifiers extra: it installs console scripts named validate, eval, init... into the venv's bin, which the
-	# tests' stand-in MLGym container puts on its PATH ahead of MLGym's validate; tests/faces/test_verifiers.py and
-	# docs/verifiers.md run where it is installed (pip install -e '.[test,verifiers]')
-	$(PY) -m pip install --quiet -e '.[test]' -e plugins/mlgym-registry-example
+	# the verifiers extra too, for tests/faces/test_verifiers.py and docs/verifiers.md (its console scripts, validate,
+	# eval..., stay off the tests' stand-in MLGym container's PATH: tests/engine_double.py)
+	$(PY) -m pip install --quiet -e '.[test,verifiers]' -e plugins/mlgym-registry-example
 	# OpenEnv for tests/faces/test_serve.py without its UI and MCP-server dependencies (the test extra lists what it imports)
 	$(PY) -m pip install --quiet --no-deps openenv==0.10.0
 	touch $(STAMP)

@@ -128,8 +128,13 @@ class EngineDouble:
         self.bin_dir = self.root / "bin"
         self.state = self.root / "state"
         self.agent_home = self.state / "home" / "agent"
-        for folder in (self.bin_dir, self.state / "containers", self.agent_home):
+        self.image_bin = self.state / "image-bin"
+        for folder in (self.bin_dir, self.state / "containers", self.agent_home, self.image_bin):
             folder.mkdir(parents=True, exist_ok=True)
+        for name in ("python", "python3"):
+            wrapper = self.image_bin / name
+            wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+            wrapper.chmod(0o755)
         self.images = list(images)
         self.socket_path = self.root / "engine.sock"
         self.api_calls: list[tuple[str, str]] = []
@@ -140,6 +145,13 @@ class EngineDouble:
         script.chmod(0o755)
 
     # -- set-up ----------------------------------------------------------------------------------------------------
+    @property
+    def container_path(self) -> str:
+        """PATH in a container: this interpreter as ``python`` (the image's Python with MLGym's packages), never the
+        rest of its venv's ``bin``, whose console scripts (verifiers' ``validate``, ``eval``...) would shadow the
+        commands MLGym adds to the container's PATH."""
+        return f"{self.image_bin}:/usr/local/bin:/usr/bin:/bin"
+
     @property
     def images(self) -> list[str]:
         return json.loads((self.state / "images.json").read_text())
@@ -158,7 +170,7 @@ class EngineDouble:
         variables = {
             "PATH": str(self.bin_dir),
             "ENGINE_DOUBLE_STATE": str(self.state),
-            "ENGINE_DOUBLE_PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "ENGINE_DOUBLE_PATH": self.container_path,
             "MLGYM_STANDIN_AGENT_HOME": str(self.agent_home),
             "DOCKER_HOST": f"unix://{self.socket_path}" if api else f"unix://{self.root / 'no-such.sock'}",
         }
@@ -279,4 +291,4 @@ class EngineDouble:
         return 404, {"message": f"engine double: {method} {path} is not implemented"}
 
     def _shell_env(self) -> dict[str, str]:
-        return {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.agent_home)}
+        return {"PATH": self.container_path, "HOME": str(self.agent_home)}
