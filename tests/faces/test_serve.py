@@ -244,3 +244,39 @@ def test_client_timeout_never_continues_silently_in_a_fresh_session(server):
             env.step({"response": "Look.\n```\nls\n```"})
     finally:
         env.close()
+
+
+TOOL_CALL_LS = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
+
+
+@pytest.mark.slow
+def test_components_swapped_on_the_command_line_are_served(tmp_path):
+    """``serve --parser --template --reward``, as ``run`` takes them: the served session's system message and parsing
+    are those of ``registry.make``'s env with the same components."""
+    from mlgym_registry.faces.gymnasium import MLGymRegistryEnv
+
+    components = {"parser": "tool_calls", "template": "tool_calling", "reward": "mlgym_best_improvement"}
+    local = MLGymRegistryEnv(TASK, **components)
+    try:
+        first, info = local.reset(seed=0)
+        expected = local.step(TOOL_CALL_LS)[0]
+    finally:
+        local.close()
+    srv = Server(tmp_path / "serve", *(arg for kind, name in components.items() for arg in (f"--{kind}", name)))
+    try:
+        with client(srv.url) as env:
+            reset = env.reset(seed=0)
+            assert reset.observation["metadata"]["system"] == info["system"]
+            assert reset.observation["message"] == first
+            step = env.step({"response": TOOL_CALL_LS})
+            assert step.observation["message"] == expected and "evaluate.py" in expected
+            assert step.observation["metadata"]["action"].strip() == "ls"
+    finally:
+        srv.stop()
+
+
+def test_an_unknown_component_is_refused_before_serving():
+    done = subprocess.run([*CLI, "serve", TASK, "--port", "0", "--parser", "tool_cals"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    assert "tool_cals" in done.stderr and "tool_calls" in done.stderr, done.stderr

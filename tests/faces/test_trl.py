@@ -10,6 +10,7 @@ import time
 import psutil
 import pytest
 
+from mlgym_registry.errors import MLGymRegistryError
 from mlgym_registry.faces.trl import EPISODE_OVER, TOOL_NOTE, MLGymTRLEnv, dataset, environment_factory
 
 TASK = "prisonersDilemma"
@@ -162,7 +163,12 @@ def test_url_mode_plays_a_served_task_like_in_process():
             assert env.rewards[-1] == pytest.approx(reward) and env.done == done
         assert env.exit_status == "submitted" and env.get_reward() == pytest.approx(sum(r for _, r, _ in steps))
         assert env.act(LOOK).startswith("The episode is over")
-        env._close()
+        second, third = cls(), cls()  # the server's two sessions: this env's and the second's
+        second.reset(seed=0)
+        with pytest.raises(MLGymRegistryError, match="--max-sessions"):
+            third.reset(seed=0)
+        for each in (env, second, third):
+            each._close()
     finally:
         server.should_exit = True
         thread.join(timeout=30)

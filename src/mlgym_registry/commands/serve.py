@@ -14,7 +14,14 @@ import sys
 from typing import Any
 
 from ..options import InvalidOptionError, cli_integer
-from .run import add_backend_option_argument, backend_options, with_changes
+from .run import (
+    COMPONENT_OPTIONS,
+    add_backend_option_argument,
+    add_component_arguments,
+    backend_options,
+    component_choices,
+    with_changes,
+)
 
 EXTRA_HINT = "serve needs the openenv extra: pip install 'mlgym-registry[openenv]' (see docs/serving.md)"
 
@@ -43,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps before autosubmission (default: each task's)")
     parser.add_argument("--backend", default=None, help="backend name (default: each task's, usually 'local')")
     add_backend_option_argument(parser)
+    add_component_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -66,15 +74,17 @@ def main(args: argparse.Namespace) -> int:
 
 
 def task_specs(args: argparse.Namespace) -> list[Any]:
-    """The tasks with the command line's changes (``--max-steps``, ``--backend``, ``--training-timeout``, ``-o``)
-    applied, keeping the names they were given by."""
+    """The tasks with the command line's changes (``--max-steps``, ``--backend``, ``--training-timeout``, ``-o``,
+    ``--parser``, ``--template``, ``--reward``, ``--isolator``, ``--history``) applied, keeping the names they were
+    given by."""
     from ..registry import registry
 
     options = backend_options(args.backend_option)
     specs = []
     for name in args.tasks:
         spec = with_changes(registry.spec(name), max_steps=args.max_steps, backend=args.backend,
-                            training_timeout=args.training_timeout, options=options)
+                            training_timeout=args.training_timeout, options=options,
+                            components=component_choices(args))
         specs.append(name if spec == registry.spec(name) else spec)
     return specs
 
@@ -141,7 +151,8 @@ def worker_argv(args: argparse.Namespace, port: int) -> list[str]:
             "--port", str(port), "--max-sessions", str(args.max_sessions), "--idle-timeout", str(args.idle_timeout)]
     for flag, value in (("--token-env", args.token_env), ("--token-file", args.token_file),
                         ("--max-steps", args.max_steps), ("--backend", args.backend),
-                        ("--training-timeout", args.training_timeout)):
+                        ("--training-timeout", args.training_timeout),
+                        *((f"--{kind}", getattr(args, kind, None)) for kind in COMPONENT_OPTIONS)):
         if value is not None:
             argv += [flag, str(value)]
     for option in args.backend_option:

@@ -56,10 +56,19 @@ class _ServedEnv:
         from ..client import connect
 
         self.task = task
+        self.url = url
         self.client = connect(url, **connect_options)
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
-        result = self.client.reset(task=self.task, seed=seed)
+        try:
+            result = self.client.reset(task=self.task, seed=seed)
+        except RuntimeError as exc:
+            if "CAPACITY_REACHED" not in str(exc):
+                raise
+            raise MLGymRegistryError(
+                f"the server at {self.url} holds no session more for this rollout ({exc}): TRL keeps one instance, "
+                "and so one session, per rollout running at once (per_device_train_batch_size); start the server "
+                "with at least that many --max-sessions (mlgym-registry serve TASK --max-sessions N)") from exc
         return result.observation.message, {"system": result.observation.metadata.get("system", "")}
 
     def step(self, response: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
