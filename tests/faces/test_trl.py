@@ -18,6 +18,7 @@ LOOK = "DISCUSSION\nFirst look around.\n```\nls\n```"
 VALIDATE = "DISCUSSION\nScore the starter strategy.\n```\nvalidate\n```"
 SUBMIT = "DISCUSSION\nDone.\n```\nsubmit\n```"
 GARBAGE = "I will not write any command."
+FORFEIT = "DISCUSSION\nThe rollout is over; I stop here.\n```\nexit_forfeit\n```"
 
 
 HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -93,20 +94,20 @@ def test_episode_matches_registry_make_on_the_same_seed():
     try:
         assert env.reset(seed=3, prompt=[{"role": "user", "content": ""}]) == first
         assert "```" in first and TOOL_NOTE in first           # the reply format reaches the model
-        total = 0.0
         for reply, (message, reward, done) in zip(replies, steps, strict=True):
             assert env.act(reply) == message
-            total += reward
             assert env.rewards[-1] == pytest.approx(reward) and env.done == done
-            assert env.get_reward() == pytest.approx(total)
         assert env.exit_status == "submitted" and env.steps == 4
         assert steps[2][1] != 0.0 and math.isclose(env.get_reward(), sum(r for _, r, _ in steps), rel_tol=1e-6)
         assert env.act(LOOK) == EPISODE_OVER.format(status="submitted") and env.steps == 4
         # a pooled instance is reset for the next rollout: a fresh episode, same seed, same game
         again = env.reset(seed=3)
-        assert again == first and env.get_reward() == 0.0 and not env.done
-        env.act(VALIDATE)                                       # an unfinished episode: what its steps earned
-        assert env.get_reward() == pytest.approx(steps[2][1]) and not env.done
+        assert again == first and env.rewards == [] and not env.done
+        env.act(VALIDATE)                       # an unfinished episode: TRL's rollout is over, the agent forfeits
+        _, forfeited = chain_episode(3, [VALIDATE, FORFEIT])
+        assert not env.done and env.get_reward() == pytest.approx(sum(r for _, r, _ in forfeited))
+        assert env.done and env.exit_status == "exit_forfeit" and env.rewards[-1] == pytest.approx(forfeited[1][1])
+        assert forfeited[1][1] < 0 and env.get_reward() < steps[2][1]  # stopping early pays less than the validate
     finally:
         env._close()
 

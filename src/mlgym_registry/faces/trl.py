@@ -15,9 +15,10 @@ TRL 1.13's ``environment_factory`` contract, and how it is met here:
   take apart exactly as in the chain (format errors included). After the episode has ended, ``act`` says so and runs
   nothing.
 - ``get_reward()`` is the sum of the chain's rewards over the episode's steps (the reward assigner's, plus
-  ``reward_wrong_format`` when set). A rollout TRL stops before the episode ends (a reply without a tool call,
-  ``max_tool_calling_iterations``, ``max_completion_length``) is paid as the chain pays an episode cut short by
-  ``max_turns``: what its steps earned, no evaluation, no floor.
+  ``reward_wrong_format`` when set). TRL calls it once the rollout is over; an episode still running then (the model
+  replied without a tool call, or ran into ``max_tool_calling_iterations`` or ``max_completion_length``) ends there
+  as the agent's forfeit, sent through the task's parser and paid as the chain pays a forfeit (the floor under the
+  default rewards): stopping early never pays more than trying.
 - TRL never closes its envs: each instance's sandbox is released by a ``weakref.finalize`` when the instance is
   garbage-collected or the interpreter exits.
 
@@ -139,7 +140,10 @@ class MLGymTRLEnv:
         return message
 
     def get_reward(self) -> float:
-        """The episode's reward: the sum of the chain's rewards over its steps so far (0.0 before any step)."""
+        """The episode's reward: the sum of the chain's rewards over its steps (0.0 before any reset). An episode
+        still running is over for TRL: it ends here as the agent's forfeit, paid as the chain pays one."""
+        if self._started and not self._done:
+            self.act(self._forfeit_reply())
         return float(sum(self._rewards))
 
     # -- read-only state (properties are no tools) ------------------------------------------------------------
@@ -176,6 +180,19 @@ class MLGymTRLEnv:
 
                 env = self._holder["env"] = MLGymRegistryEnv(self.task, **self.options)
         return env
+
+    def _forfeit_reply(self) -> str:
+        """A reply asking for ``exit_forfeit`` in the format of the task's parser (the scripted policy's way): the
+        parser ``registry.make`` resolves for this task and options; a served task's as this registry knows it."""
+        from ..policies.scripted import in_format
+        from ..registry import registry
+
+        try:
+            resolved, _ = registry.resolve(self.task, **({} if self.url is not None else self.options))
+            parser = resolved.parser
+        except MLGymRegistryError:  # a served task this registry does not know: MLGym's fenced format
+            parser = None
+        return in_format(parser, "The rollout is over; I stop here.", "exit_forfeit")
 
     def _close(self) -> None:
         """Release the sandbox now (TRL never calls it; the finalizer does the same at garbage collection)."""
