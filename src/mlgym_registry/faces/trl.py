@@ -106,6 +106,7 @@ class MLGymTRLEnv:
         self._done = False
         self._exit_status = ""
         self._rewards: list[float] = []
+        self._forfeit: str | None = None  # the forfeit reply in the parser's format, made at the first forfeit
 
     # -- TRL's contract ---------------------------------------------------------------------------------------
     def reset(self, seed: int | None = None, task: Any = None, **row: Any) -> str:
@@ -184,6 +185,8 @@ class MLGymTRLEnv:
     def _forfeit_reply(self) -> str:
         """A reply asking for ``exit_forfeit`` in the format of the task's parser (the scripted policy's way): the
         parser ``registry.make`` resolves for this task and options; a served task's as this registry knows it."""
+        if self._forfeit is not None:
+            return self._forfeit
         from ..policies.scripted import in_format
         from ..registry import registry
 
@@ -192,7 +195,8 @@ class MLGymTRLEnv:
             parser = resolved.parser
         except MLGymRegistryError:  # a served task this registry does not know: MLGym's fenced format
             parser = None
-        return in_format(parser, "The rollout is over; I stop here.", "exit_forfeit")
+        self._forfeit = in_format(parser, "The rollout is over; I stop here.", "exit_forfeit")
+        return self._forfeit
 
     def _close(self) -> None:
         """Release the sandbox now (TRL never calls it; the finalizer does the same at garbage collection)."""
