@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     # scores (the evaluation statuses, MLGym's table of ranking metrics, its score text), and
     # MLGym's tool language (the commands, their signatures and docs) that backends, components and policies speak
     {"errors", "hookspecs", "specs", "submissions", "options", "seeding", "terminal", "bounded_json", "_moved",
-     "episodes.rules", "scores", "tool_language", "kinds"},
+     "scores", "tool_language", "kinds"},
     # 1, the plugin host: what a registered name is, loading plugins, the registry
     {"entries", "plugins", "registry"},
     # 2, the plugins' kinds, and what a task needs before it runs

@@ -1,2 +1,3 @@
-"""One episode: a policy playing one env from reset to its end (``episode.run_episode``), the rules every episode
-follows (``rules``: format errors, what ends an episode) and where an episode's files go (``folders``)."""
+"""One episode: a policy playing one env from reset to its end (``episode.run_episode``), and where an episode's files
+go (``folders``). The rule that ends an episode after too many format errors is the chain's
+(``transforms.episode_rules``)."""

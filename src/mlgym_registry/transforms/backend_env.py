@@ -25,8 +25,8 @@ from ..backends.protocol import (
     infer_evaluation_status,
     new_info,
 )
-from ..episodes.rules import MAX_FORMAT_ERRORS
 from ..specs import ResolvedTask
+from .episode_rules import MAX_FORMAT_ERRORS
 from .layout import Layout, set_spec
 
 INFRA_ERROR_KEY = "infra_error"

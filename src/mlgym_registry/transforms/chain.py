@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..episodes.rules import MAX_FORMAT_ERRORS
 from ..options import Rule, check_options, instance_of, integer_at_least, is_integer, is_number, one_of
 from ..specs import ResolvedTask
+from .episode_rules import MAX_FORMAT_ERRORS
 
 MAX_OBSERVATION_CHARS = 16_000
 """The default cap on the characters of one observation in the user message (``max_observation_chars``)."""
