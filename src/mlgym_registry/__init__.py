@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._version import __version__ as __version__  # in _version.py, which any layer may import
 from .errors import (
     BackendUnavailable,
     ComponentOutputError,
@@ -32,8 +33,6 @@ from .hookspecs import hookimpl
 from .preparation import prepare
 from .registry import Registry, registry
 from .specs import ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailable",

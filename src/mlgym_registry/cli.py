@@ -187,7 +187,7 @@ def _version() -> str:
     try:
         return metadata.version("mlgym-registry")
     except metadata.PackageNotFoundError:
-        from . import __version__
+        from ._version import __version__
 
         return __version__
 

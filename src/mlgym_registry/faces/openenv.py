@@ -197,7 +197,7 @@ class TaskEnvironment(Environment[MlgymAction, MlgymObservation, MlgymState]):
 
     def get_metadata(self) -> EnvironmentMetadata:
         """The server's name and what it serves."""
-        from .. import __version__
+        from .._version import __version__
 
         return EnvironmentMetadata(
             name=ENV_NAME, version=__version__, author="mlgym-registry",
