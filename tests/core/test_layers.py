@@ -48,7 +48,6 @@ LAYERS: list[set[str]] = [
 UPWARD: dict[tuple[str, str], str] = {
     ("registry", "transforms"): "make builds the chain; a pickled env factory lets a TorchRL pool adopt its envs",
     ("records", "transforms"): "a trajectory's conversation is rendered with the chain's own History",
-    ("records", "evaluation"): "a run's provenance names the package versions and task hash evaluation computes",
 }
 """The arrows allowed to run up, each with its reason. At most four; an entry that no import needs is an error."""
 

@@ -173,12 +173,13 @@ def open_record(args: argparse.Namespace, out: Path, policy: str, model: str, sp
     """Check the folder's settings against this command's (``SettingsMismatch`` unless ``--force``) and open this
     session in its ``settings.json``."""
     from ..evaluation import settings
+    from ..records.provenance import task_hash
 
     asked = settings.suite_settings(policy=policy, model=model, max_steps=args.max_steps, seed=args.seed,
                                     training_timeout=args.training_timeout,
                                     backend_options=backend_options(args.backend_option),
                                     components=component_choices(args))
-    hashes = {spec.id: settings.task_hash(spec) for spec in specs}
+    hashes = {spec.id: task_hash(spec) for spec in specs}
     mixed = settings.check_resume(out, asked, hashes, args.force)
     if mixed:
         print(f"mlgym-registry: warning: --force: mixing settings in {out}: {mixed[0]}", file=sys.stderr)

@@ -10,25 +10,17 @@ difference, unless forced.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import platform
 from collections.abc import Iterable, Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import MLGymRegistryError
 from ..records.clock import now
-from ..specs import TaskSpec
+from ..records.provenance import package_versions, public_endpoint
 
 SETTINGS = "settings.json"
 FORMAT = 1
-PACKAGES = ("mlgym-registry", "torch", "torchrl", "tensordict", "transformers", "openai")
-HASHED_FILE_LIMIT = 64 * 1024 * 1024
-"""Files larger than this enter a task's hash by name and size only (datasets)."""
 USAGE_KEYS = ("api_calls", "tokens_sent", "tokens_received", "task_cost", "api_retries", "empty_responses",
               "missing_usage", "model_seconds", "truncated_responses")
 """The keys of a policy's ``model_stats`` that add up over runs."""
@@ -39,16 +31,6 @@ SAMPLING = ("temperature", "top_p", "max_tokens")
 
 class SettingsMismatch(MLGymRegistryError):
     """A resume asked for other settings than the suite folder was made with."""
-
-
-def public_endpoint(url: str | None) -> str | None:
-    """``url`` without user, password, query or fragment: where a key could hide."""
-    if not url:
-        return None
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
 def policy_settings(policy: str) -> dict[str, Any]:
@@ -68,63 +50,6 @@ def policy_settings(policy: str) -> dict[str, Any]:
         return {"endpoint": public_endpoint(built.url), "sampling": dict(built.sampling), "cost_limit": limit}
     finally:
         built.close()
-
-
-def package_versions() -> dict[str, str | None]:
-    """The versions of Python and of the packages a run's numbers depend on (None: not installed)."""
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
-UNHASHED_FIELDS = ("root", "source", "registered_as")
-"""Spec fields that say where a task was loaded from or how it was named, not what is played."""
-LATER_FIELDS: dict[str, Any] = {"requirements": None}
-"""Spec fields added after runs were first recorded, with their defaults: left out of the hash while at their
-default, so that a folder recorded before them still resumes."""
-
-
-def task_hash(spec: TaskSpec) -> str:
-    """``sha256:...`` of the task as played: its spec (without where it was loaded from) and the contents of its
-    starter code, sample submission, requirements and memory files."""
-    digest = hashlib.sha256()
-    data = {k: v for k, v in spec.to_dict().items()
-            if k not in UNHASHED_FIELDS and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
-    digest.update(json.dumps(data, sort_keys=True).encode())
-    named = [*spec.starter_code, spec.sample_submission, spec.requirements_path, spec.memory_path]
-    for name in (n for n in named if n):
-        for path, label in _files(spec.resolve_path(name), name):
-            digest.update(f"\0{label}\0".encode())
-            _hash_file(digest, path)
-    return "sha256:" + digest.hexdigest()
-
-
-def _files(path: Path, label: str) -> Iterable[tuple[Path, str]]:
-    if path.is_dir():
-        for here, dirs, files in os.walk(path):
-            dirs.sort()
-            for name in sorted(files):
-                full = Path(here) / name
-                yield full, f"{label}/{full.relative_to(path).as_posix()}"
-    else:
-        yield path, label
-
-
-def _hash_file(digest: Any, path: Path) -> None:
-    try:
-        size = path.stat().st_size
-        if size > HASHED_FILE_LIMIT:
-            digest.update(f"size {size}".encode())
-            return
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    except OSError:
-        digest.update(b"missing")
 
 
 def suite_settings(*, policy: str, model: str, max_steps: int | None, seed: int | None,

@@ -122,7 +122,7 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
     ``canaries``: only the canaries of these names (the references are always played); ``on_result`` is called with
     each ``CanaryResult`` as it is decided; ``make_options`` go to ``registry.make`` (a backend's options, say).
     """
-    from ..evaluation.settings import task_hash
+    from ..records.provenance import task_hash
     from ..registry import registry as default_registry
 
     registry = registry or default_registry

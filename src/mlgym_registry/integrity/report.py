@@ -76,7 +76,7 @@ def has_result(task: str) -> bool:
 
 def last_result(spec: Any) -> dict[str, Any] | None:
     """The last audit of the task ``spec``, when it audited the task as it is now (same task hash); else None."""
-    from ..evaluation.settings import task_hash
+    from ..records.provenance import task_hash
 
     path = results_folder() / f"{_file_name(str(spec.registered_as or spec.id))}.json"
     try:

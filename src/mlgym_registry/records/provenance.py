@@ -13,16 +13,30 @@ which lets it choose the task, components, seed and ``max_steps``, and never the
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import platform
+from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ..specs import COMPONENT_KINDS, TaskSpec
 from .regular_files import read_regular_text
 
 KEY = "run"
 """The key of the record in ``results.json`` and in the ``.traj``."""
+PACKAGES = ("mlgym-registry", "torch", "torchrl", "tensordict", "transformers", "openai")
+"""The packages whose versions a run records (``package_versions``): its numbers depend on them."""
+HASHED_FILE_LIMIT = 64 * 1024 * 1024
+"""Files larger than this enter a task's hash by name and size only (datasets)."""
+UNHASHED_FIELDS = ("root", "source", "registered_as")
+"""Spec fields that say where a task was loaded from or how it was named, not what is played."""
+LATER_FIELDS: dict[str, Any] = {"requirements": None}
+"""Spec fields added after runs were first recorded, with their defaults: left out of the hash while at their
+default, so that a folder recorded before them still resumes."""
 
 
 def component_record(kind: str, name: str) -> dict[str, Any]:
@@ -45,8 +59,6 @@ def component_record(kind: str, name: str) -> dict[str, Any]:
 
 def policy_record(policy: Any) -> dict[str, Any]:
     """The policy's kind, model, endpoint (without credentials), sampling settings and replayed file, as known."""
-    from ..evaluation.settings import public_endpoint
-
     record: dict[str, Any] = {"name": getattr(policy, "name", type(policy).__name__)}
     for attribute in ("model", "source"):
         value = getattr(policy, attribute, None)
@@ -63,7 +75,6 @@ def policy_record(policy: Any) -> dict[str, Any]:
 
 def run_record(spec: TaskSpec, policy: Any, seed: int | None) -> dict[str, Any]:
     """The record of a run of ``spec`` by ``policy`` with ``seed``, started now (``ended`` is set at its end)."""
-    from ..evaluation.settings import package_versions, task_hash
     from .clock import now
 
     return {
@@ -95,3 +106,63 @@ def recorded_run(path: str | Path) -> dict[str, Any] | None:
         if isinstance(record, dict):
             return record
     return None
+
+
+def public_endpoint(url: str | None) -> str | None:
+    """``url`` without user, password, query or fragment: where a key could hide."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def package_versions() -> dict[str, str | None]:
+    """The versions of Python and of the packages a run's numbers depend on (None: not installed)."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def task_hash(spec: TaskSpec) -> str:
+    """``sha256:...`` of the task as played: its spec (without where it was loaded from) and the contents of its
+    starter code, sample submission, requirements and memory files."""
+    digest = hashlib.sha256()
+    data = {k: v for k, v in spec.to_dict().items()
+            if k not in UNHASHED_FIELDS and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+    digest.update(json.dumps(data, sort_keys=True).encode())
+    named = [*spec.starter_code, spec.sample_submission, spec.requirements_path, spec.memory_path]
+    for name in (n for n in named if n):
+        for path, label in _files(spec.resolve_path(name), name):
+            digest.update(f"\0{label}\0".encode())
+            _hash_file(digest, path)
+    return "sha256:" + digest.hexdigest()
+
+
+def _files(path: Path, label: str) -> Iterable[tuple[Path, str]]:
+    if path.is_dir():
+        for here, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                full = Path(here) / name
+                yield full, f"{label}/{full.relative_to(path).as_posix()}"
+    else:
+        yield path, label
+
+
+def _hash_file(digest: Any, path: Path) -> None:
+    try:
+        size = path.stat().st_size
+        if size > HASHED_FILE_LIMIT:
+            digest.update(f"size {size}".encode())
+            return
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        digest.update(b"missing")
