@@ -57,7 +57,7 @@ def test_prepare_reports_every_blocker_at_once_and_exits_non_zero(tmp_path, caps
     kinds = [line.split("still blocked by ")[1].split(":")[0] for line in lines]
     assert kinds == ([] if HAS_GPU else ["devices"]) + ["data", "data", "models"]
     assert "the files of its local dataset 'answers' are not here" in err
-    assert "loads the Hugging Face dataset(s) 'nyu-mll/glue' by name" in err
+    assert "loads the Hugging Face dataset 'nyu-mll/glue' by name and does not say which of its splits" in err
     assert "loads the Hugging Face model 'some-org/no-such-model' by name" in err
     assert "`huggingface-cli download some-org/no-such-model`" in err
     if not HAS_GPU:

@@ -165,7 +165,8 @@ def test_a_stated_cause_makes_a_baseline_difference_known_not_a_problem(checkout
     assert run_evaluator(command, seed=0) == {"Error": 0.0}  # the task's own baseline program, not baseline.py
 
 
-def test_a_hugging_face_dataset_is_refused_at_make_by_the_local_backend(tmp_path, monkeypatch):
+def test_a_hugging_face_dataset_without_declared_answers_is_refused_at_make_by_the_local_backend(tmp_path,
+                                                                                                monkeypatch):
     root = tmp_path / "MLGym"
     write(root / "configs/tasks/hub.yaml", TASK.replace("splitTask", "hubTask").replace("split.yaml", "hub.yaml"))
     write(root / "configs/datasets/hub.yaml", "name: hub\ndescription: images\ndata_path: someone/images\n"
@@ -173,7 +174,7 @@ def test_a_hugging_face_dataset_is_refused_at_make_by_the_local_backend(tmp_path
     write(root / "data/hubTask/baseline.py", BASELINE)
     write(root / "data/hubTask/evaluate.py", EVALUATE)
     monkeypatch.setenv("MLGYM_ROOT", str(root))
-    with pytest.raises(TaskFilesMissing, match="'someone/images' by name.*test split's labels"):
+    with pytest.raises(TaskFilesMissing, match="'someone/images' by name and does not say which of its splits"):
         fresh().make("mlgym/hubTask")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..specs import TaskSpec
 from .datasets import prepare_data
+from .hub_datasets import prepare_hub_views
 from .virtualenvs import Echo, load_task, prepare_environment
 
 
@@ -16,8 +17,10 @@ def prepare(task: TaskSpec | str | os.PathLike[str], *, force: bool = False, pip
             data_dir: str | None = None, echo: Echo = print) -> Path:
     """Make a task ready to run offline: its Python environment (``prepare_environment``), then its data when it has
     a recipe for it (``mlgym_registry.preparation.datasets.prepare_data``, run with that environment's interpreter, into
-    ``data_dir`` or the first data folder). Returns the task's interpreter."""
+    ``data_dir`` or the first data folder), and the offline views of the Hugging Face hub datasets whose local copies
+    are here (``hub_datasets.prepare_hub_views``). Returns the task's interpreter."""
     spec = load_task(task)
     python = prepare_environment(spec, force=force, pip_args=pip_args, echo=echo)
     prepare_data(spec, str(python), data_dir, force=force, echo=echo)
+    prepare_hub_views(spec, str(python), data_dir, echo=echo)
     return python

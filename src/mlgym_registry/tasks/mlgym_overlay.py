@@ -6,8 +6,8 @@ folder lands: ``data/`` of the workspace) and its ``evaluate.py`` (which file of
 from). The local backend takes these files out of the agent's view and shows them to the evaluator only.
 
 Tasks whose answers live outside the workspace (the Hugging Face datasets of the image and language tasks, whose
-test labels the evaluator loads by name) or whose evaluator reads no answers (3-SAT solves its instances; the games
-play an opponent) have no entry in ``SECRET_FILES``.
+test labels the evaluator loads by name: ``HUB_ANSWERS`` says which splits and columns hold them) or whose evaluator
+reads no answers (3-SAT solves its instances; the games play an opponent) have no entry in ``SECRET_FILES``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,29 @@ SECRET_FILES: dict[str, tuple[str, ...]] = {
     "regressionKaggleHousePriceL1": ("data/answer.csv",),
 }
 """Workspace-relative files each task's evaluator reads that hold the answers: the agent must never see them."""
+
+_CIFAR_ANSWERS = {
+    # its dataset config loads uoft-cs/cifar10 (columns img, label); evaluate.py scores the test split's label column
+    "uoft-cs/cifar10": {"test": ["label"]},
+}
+_FMNIST_ANSWERS = {
+    # its dataset config loads zalando-datasets/fashion_mnist (image, label); evaluate.py scores test's label
+    "zalando-datasets/fashion_mnist": {"test": ["label"]},
+}
+_MNLI_ANSWERS = {
+    # its dataset config loads nyu-mll/multi_nli; evaluate.py scores validation_matched's label. pairID is the
+    # premise's promptID and a letter naming the label the hypothesis was written for (e, n or c): hidden as well
+    "nyu-mll/multi_nli": {"validation_matched": ["label", "pairID"]},
+}
+HUB_ANSWERS: dict[str, dict[str, dict[str, list[str]]]] = {
+    "imageClassificationCifar10": _CIFAR_ANSWERS,
+    "imageClassificationCifar10L1": _CIFAR_ANSWERS,
+    "imageClassificationFMnist": _FMNIST_ANSWERS,
+    "naturalLanguageInferenceMNLI": _MNLI_ANSWERS,
+}
+"""Per task, the Hugging Face hub datasets it loads by name and, per scored split, the columns that hold its answers
+(or give them away): the local backend serves each from a local copy with these columns masked in the agent's view
+(``mlgym_registry.preparation.hub_datasets``; the ``hub_answers`` extra)."""
 
 _KAGGLE_SUBMISSION = {
     # evaluate.py reads the SalePrice columns of data/answer.csv and of the submission and pairs them by position
@@ -142,7 +165,11 @@ must hold (``data_files``) and what they are and how to make them (``data_hint``
 
 def overlay_extras(task_id: str, extra: dict[str, object]) -> dict[str, object]:
     """``extra`` completed by the extras we add for MLGym's task ``task_id`` (the task file's own values win)."""
-    return {**EXTRAS.get(task_id.removeprefix("mlgym/"), {}), **extra}
+    task_id = task_id.removeprefix("mlgym/")
+    ours = dict(EXTRAS.get(task_id, {}))
+    if task_id in HUB_ANSWERS:
+        ours["hub_answers"] = HUB_ANSWERS[task_id]
+    return {**ours, **extra}
 
 
 def overlay_secret_files(task_id: str) -> list[str]:

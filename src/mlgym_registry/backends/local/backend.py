@@ -22,6 +22,7 @@ from typing import Any
 
 from ... import seeding
 from ...errors import BackendUnavailable
+from ...preparation import hub_datasets as hub_datasets_mod
 from ...specs import TaskSpec
 from ...tool_language import AUTOSUBMIT_EXITS
 from ..protocol import EVALUATION_OK, EVALUATION_STATUS_KEY, INFRA_ERROR, ToolSet, new_info
@@ -137,6 +138,7 @@ class LocalBackend:
         if gpus:
             task_checks.refuse_missing_gpus()
         task_checks.refuse_unservable(spec, data_dir)
+        hub_views = hub_datasets_mod.hub_views(spec, self.python, data_dir)  # written now unless prepare did
         self.seed = seed
         """The user's seed of the current stream of episodes (None: every episode draws fresh randomness)."""
         self.episode = -1
@@ -159,7 +161,8 @@ class LocalBackend:
         """The workspace's folder on this machine (what the driver reads and writes)."""
         self._commands = folders.commands
         self._files = WorkspaceFiles(spec, folders.workspace, folders.pristine, data_dir)
-        self._disk = quota_mod.DiskQuota(self.max_disk_mb << 20, folders.workspace)
+        self._disk = quota_mod.DiskQuota(self.max_disk_mb << 20, folders.workspace,
+                                         outside=[folders.root / "hf-datasets"] if hub_views else [])
         disk_guard.watch(self._disk, functools.partial(_stop_processes, self._res))
         self._added: list[dict[str, str]] = []
         self._scores: list[Any] = []
@@ -177,7 +180,8 @@ class LocalBackend:
         self._confinement = Confinement(
             spec, python=self.python, sandboxed=self.sandboxed, network=network, gpus=gpus, limits=self.limits,
             max_file_mb=max_file_mb, bash=bash, prefix=prefix, nproc=nproc, resources=self._res, folders=folders,
-            files=self._files,
+            files=self._files, hub_views=hub_views, models=task_checks.needs(spec, "models"),
+            hub_cache_dir=task_checks.hub_cache(),
         )
         self.task_workspace = self._confinement.task_workspace
         """The workspace as the agent sees it (MLGym's ``/home/agent/workspace`` when sandboxed)."""
@@ -239,6 +243,7 @@ class LocalBackend:
         self._scores = []
         with self._disk.lock:  # the disk guard must not walk the workspace while it is emptied and filled
             self._files.prepare()
+            self._confinement.reset_hub_caches()
             self._disk.record_task_files(list(self._files.pristine))
         self._disk.exceeded_seen, self._disk.stopped_at = False, 0
         self.task = LocalTask(args=self._task_args())

@@ -11,9 +11,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ... import seeding
+from ...preparation.hub_datasets import HubView
 from ...specs import TaskSpec
 from ...submissions import submission_schema
-from . import cgroups, procs, toolset
+from . import cgroups, hub_cache, procs, toolset
 from . import limits as limits_mod
 from . import sandbox as sandbox_mod
 from .evaluation import HARNESS_DIR, Evaluator
@@ -58,10 +59,23 @@ class Confinement:
         resources: Resources,
         folders: Folders,
         files: WorkspaceFiles,
+        hub_views: Sequence[HubView] = (),
+        models: Sequence[str] = (),
+        hub_cache_dir: str | None = None,
     ):
         self.spec, self.python, self.sandboxed, self.network, self.gpus = spec, python, sandboxed, network, gpus
         self.limits, self.max_file_mb, self.bash, self.prefix, self.nproc = limits, max_file_mb, bash, prefix, nproc
         self.resources, self.folders, self.files = resources, folders, files
+        self.hub_views = list(hub_views)
+        """The views of the task's hub datasets (``hub_cache``): the agent's in its sandboxes, the evaluator's in
+        the evaluator's."""
+        self.models = list(models)
+        """The Hugging Face models the task loads by name, shown from ``hub_cache_dir`` (this machine's cache)."""
+        self.hub_cache_dir = hub_cache_dir
+        self.hub_folder = folders.root / "hf-datasets"
+        """The writable part of the agent's datasets cache (``hub_cache.fill``), emptied at each reset."""
+        self.hub_evaluator_folder = folders.root / "hf-datasets-evaluator"
+        """Unsandboxed only: the evaluator's datasets cache (links to its views)."""
         self.task_workspace = Path(sandbox_mod.AGENT_WORKSPACE) if sandboxed else folders.workspace
         """The workspace as the agent sees it (MLGym's ``/home/agent/workspace`` when sandboxed)."""
 
@@ -89,6 +103,9 @@ class Confinement:
             )
             env.pop("PS1", None)
         env.update(PYTHONUNBUFFERED="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+        if self.hub_views or self.models:
+            env.update(hub_cache.environment(str(self.hub_folder) if self.hub_views else None,
+                                             sandboxed=self.sandboxed))
         if os.path.exists(os.path.join(bin_dir, "activate")):
             env["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
         return env
@@ -97,8 +114,19 @@ class Confinement:
         """Where the agent's shell finds the files of ``add_commands``."""
         return sandbox_mod.COMMANDS_MOUNT if self.sandboxed else str(self.folders.commands)
 
-    def sandbox_spec(self, workspace: Path, *, writable: bool) -> sandbox_mod.SandboxSpec:
-        """What a sandboxed process of this env sees: ``workspace`` at the agent's path, our tools, Python."""
+    def reset_hub_caches(self) -> None:
+        """Empty and fill the writable parts of the datasets caches for a new episode (``hub_cache.fill``)."""
+        if not self.hub_views:
+            return
+        hub_cache.fill(self.hub_folder, self.hub_views, hub_cache.AGENT, link=not self.sandboxed)
+        if not self.sandboxed:
+            hub_cache.fill(self.hub_evaluator_folder, self.hub_views, hub_cache.EVALUATOR, link=True)
+
+    def sandbox_spec(self, workspace: Path, *, writable: bool,
+                     hub: tuple[Path, str] | None = None) -> sandbox_mod.SandboxSpec:
+        """What a sandboxed process of this env sees: ``workspace`` at the agent's path, our tools, Python; and
+        the task's hub datasets, ``hub``: the writable folder of its datasets cache and whose views it shows
+        (``hub_cache.AGENT`` or ``EVALUATOR``; default the agent's shell's)."""
         roots = sandbox_mod.python_roots(self.python) + sandbox_mod.python_roots(sys.executable)  # tools run this one
         binds = [sandbox_mod.Bind(root, root) for root in sandbox_mod.outermost(roots)]
         binds += [
@@ -109,6 +137,11 @@ class Confinement:
         ]
         if self.spec.aliases_file:
             binds.append(sandbox_mod.Bind(str(self.spec.resolve_path(self.spec.aliases_file)), ALIASES_MOUNT))
+        if self.hub_views:
+            folder, side = hub if hub is not None else (self.hub_folder, hub_cache.AGENT)
+            binds += hub_cache.binds(folder, self.hub_views, side)
+        if self.models and self.hub_cache_dir:
+            binds += hub_cache.model_binds(self.hub_cache_dir, self.models)
         devices: list[str] = []
         if self.gpus:
             devices = sandbox_mod.gpu_devices()
@@ -117,6 +150,7 @@ class Confinement:
         if self.spec.root:
             hidden.append(str(Path(self.spec.root).resolve()))
         hidden += [str(source.resolve()) for source in self.files.dataset_sources]  # a data folder may hold answers
+        hidden += hub_cache.hidden(self.hub_views)
         # the sandbox's in-memory folders (/tmp, /var/tmp, ~, /dev/shm) count against the memory limit only under a
         # memory cgroup: keep the four together within seven eighths of it in any case
         memory = self.limits.memory_limit_mb
@@ -130,8 +164,15 @@ class Confinement:
         that shows it read-only, in the session's cgroups; unsandboxed, behind ``prefix``."""
         if not self.sandboxed:
             return [*self.prefix, *argv]
+        hub = None
+        if self.hub_views:
+            # Evaluator.start makes the two views of an evaluation, scratch/agent (where the agent's code runs) and
+            # scratch/eval (the pristine evaluator's): only the latter sees the scored splits' answers
+            side = hub_cache.EVALUATOR if view.name == "eval" else hub_cache.AGENT
+            hub = (view.parent / f"hf-{view.name}", side)
+            hub_cache.fill(hub[0], self.hub_views, side)
         return [*self._limits_prefix(self.resources.cgroup, self.resources.memory, cgroups.EVAL),
-                *sandbox_mod.command(argv, self.sandbox_spec(view, writable=False))]
+                *sandbox_mod.command(argv, self.sandbox_spec(view, writable=False, hub=hub))]
 
     def evaluation_usage(self, roots: set[int]) -> cgroups.Usage:
         """The CPU an evaluation used and waited for so far: its cgroup's (``cgroups.Envelope.usage``), else its
@@ -152,6 +193,8 @@ class Confinement:
         """An ``Evaluator`` of the workspace as it is now, whose processes this confinement starts; the evaluator's
         seed of ``seeds`` reaches its own process only: never the agent's shell, nor where the agent's code runs."""
         extra = {seeding.EVALUATION_SEED_VARIABLE: str(seeds.evaluation), LEGACY_SEED_VARIABLE: str(seeds.evaluation)}
+        if self.hub_views and not self.sandboxed:
+            extra["HF_DATASETS_CACHE"] = str(self.hub_evaluator_folder)
         return Evaluator(
             entrypoint=self.spec.task_entrypoint,
             workspace=self.folders.workspace,

@@ -43,6 +43,9 @@ class DiskQuota:
     workspace: Path
     task_bytes: dict[str, int] = field(default_factory=dict)
     """What each of the task's own paths in the workspace (the keys of ``WorkspaceFiles.pristine``) took at reset."""
+    outside: list[Path] = field(default_factory=list)
+    """Folders of the env outside the workspace that the agent writes to and evaluations do not copy (the writable
+    part of its datasets cache, ``hub_cache``): what they hold counts once."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Held while the driver walks or changes the workspace (an evaluation's copy, a reset): ``check`` then waits
     for its next turn rather than walk it at the same time."""
@@ -75,13 +78,22 @@ class DiskQuota:
         agent added to the task's paths fit in the quota. Measuring the task's paths stops at ``deadline``
         (``CopyTimeout``) and at folders nested deeper than a copy allows (``TooLarge``)."""
         budget = trees.CopyBudget(max_files=None, deadline=deadline)  # a dataset's files are not the copy's
-        return max(0, (self.limit - self.added_to_task_files(budget)) // 2)
+        return max(0, (self.limit - self.added_to_task_files(budget) - self.outside_usage()) // 2)
 
     def usage(self) -> int:
         """What the agent's files in the workspace take now: all of it but the task's files as they were at reset
         (what the agent added to those counts), less what lies more than ``trees.MAX_DEPTH`` folders deep (which no
-        evaluation copies). The evaluations' copies are bounded apart (``copy_allowance``)."""
+        evaluation copies), and what the ``outside`` folders hold. The evaluations' copies are bounded apart
+        (``copy_allowance``)."""
+        return self.workspace_usage() + self.outside_usage()
+
+    def workspace_usage(self) -> int:
+        """What the agent's files in the workspace take now (``usage`` less the ``outside`` folders)."""
         return max(0, trees.disk_usage(self.workspace) - sum(self.task_bytes.values()))
+
+    def outside_usage(self) -> int:
+        """What the ``outside`` folders hold now."""
+        return sum(trees.disk_usage(folder) for folder in self.outside)
 
     def exceeded(self) -> bool:
         """Whether the agent's files and the copy an evaluation makes of them take more than the quota: a write that
@@ -89,8 +101,8 @@ class DiskQuota:
         descriptors or memory, the disk fails): nothing then shows that the agent is to blame."""
         try:
             with self.lock:
-                added = self.usage()  # the task's paths, added to or not, are never copied:
-                return 2 * added - self.added_to_task_files() > self.limit
+                added = self.workspace_usage()  # the task's paths, added to or not, are never copied:
+                return 2 * added - self.added_to_task_files() + self.outside_usage() > self.limit
         except OSError:
             return False
 

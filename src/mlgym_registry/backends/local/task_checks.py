@@ -15,6 +15,7 @@ from typing import Any
 
 from ...errors import BackendUnavailable, MissingTaskPackages, MLGymRegistryError, TaskFilesMissing
 from ...preparation import datasets as datasets_mod
+from ...preparation import hub_datasets as hub_datasets_mod
 from ...preparation.virtualenvs import task_python
 from ...specs import TaskSpec
 from . import sandbox as sandbox_mod
@@ -143,23 +144,13 @@ def refuse_missing_gpus() -> None:
 
 
 def dataset_checks(spec: TaskSpec, data_dir: str | None) -> list[Any]:
-    """One check per local dataset (it must be found), and one for the hub datasets (there must be none)."""
+    """One check per local dataset (it must be found), and one per Hugging Face hub dataset the task loads by name
+    (the task must declare its scored splits' answers, and the dataset's local copy must be here:
+    ``preparation.hub_datasets``)."""
     checks: list[Any] = [lambda dataset=dataset: datasets_mod.find_local_dataset(spec, dataset, data_dir)
                          for dataset in datasets_mod.local_datasets(spec)]
-    return [*checks, lambda: refuse_hub_datasets(spec)]
-
-
-def refuse_hub_datasets(spec: TaskSpec) -> None:
-    """A Hugging Face hub dataset, which this backend cannot serve offline and whose test labels the agent could
-    load with the network on."""
-    hub = datasets_mod.hub_datasets(spec)
-    if hub:
-        raise TaskFilesMissing(
-            f"task {spec.id!r} loads the Hugging Face dataset(s) {', '.join(map(repr, hub))} by name, which the local "
-            "backend does not serve: it has no network by default, and with it the agent could load the test split's "
-            "labels it is scored on. Run this task on the mlgym backend (MLGym's containers), or give it a local copy "
-            "without the test labels (a dataset with is_local: true and the answers in secret_files)"
-        )
+    return [*checks, *(lambda repo_id=repo_id: hub_datasets_mod.find_copy(spec, repo_id, data_dir)
+                       for repo_id in datasets_mod.hub_datasets(spec))]
 
 
 def interpreter(python: str | None, spec: TaskSpec) -> str:
