@@ -10,9 +10,10 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import warnings
-from types import ModuleType
+from types import CodeType, ModuleType
 
 PACKAGE = "mlgym_registry"
 
@@ -26,7 +27,9 @@ MOVED: dict[str, str] = {
     "episode_rules": "transforms.episode_rules",
     "episodes.rules": "transforms.episode_rules",
     "episode_folders": "episodes.folders",
-    "evaluator_runs": "tasks.evaluator_runs",
+    "evaluator_runs": "evaluation.evaluator_runs",
+    "tasks.evaluator_runs": "evaluation.evaluator_runs",
+    "tasks.baselines": "evaluation.baselines",
     "parallel": "scale.parallel",
     "workers": "scale.workers",
     "process_episodes": "scale.process_episodes",
@@ -70,6 +73,12 @@ class _Alias(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         module.__spec__ = self.spec
+
+    def get_code(self, fullname: str) -> CodeType | None:
+        """The new module's code, so that ``python -m`` runs a script at its old name too."""
+        spec = importlib.util.find_spec(self.new)
+        loader = spec.loader if spec is not None else None
+        return loader.get_code(self.new) if isinstance(loader, importlib.abc.InspectLoader) else None
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):

@@ -17,9 +17,9 @@ from outside_data import REPO
 
 from mlgym_registry import Registry, registry
 from mlgym_registry.errors import ComponentRaisedError, PluginLoadError, UnknownNameError
+from mlgym_registry.evaluation.evaluator_runs import compare_baseline
 from mlgym_registry.plugins import PluginLoadWarning
 from mlgym_registry.specs import TaskFieldWarning, load_task_yaml
-from mlgym_registry.tasks.evaluator_runs import compare_baseline
 from mlgym_registry.testing import ConformanceError, check_reward_assigner, check_task
 
 TASKS = REPO / "src" / "mlgym_registry" / "tasks"

@@ -13,7 +13,7 @@ import pytest
 from conftest import fresh_registry as fresh
 from conftest import run_cli, write
 
-from mlgym_registry.tasks.evaluator_runs import recorded_baseline
+from mlgym_registry.evaluation.evaluator_runs import recorded_baseline
 from mlgym_registry.tasks.mlgym_source import DuplicateTaskIdWarning
 from mlgym_registry.testing import check_task
 
@@ -194,7 +194,7 @@ def test_a_task_without_a_baseline_program_or_a_task_to_borrow_from_says_so(chec
     write(checkout / "configs/tasks/lonely.yaml", HOUSE_L1.replace("houseTaskL1", "lonely").replace(
         "datasets/houseData.yaml", "datasets/lonelyData.yaml"))
     write(checkout / "configs/datasets/lonelyData.yaml", DATASET.replace("HouseData", "LonelyData"))
-    from mlgym_registry.tasks.evaluator_runs import baseline_run
+    from mlgym_registry.evaluation.evaluator_runs import baseline_run
 
     reg, _ = loaded()
     run = baseline_run(reg.spec("mlgym/lonely"))  # other datasets: not derived from houseTask

@@ -1,4 +1,4 @@
-"""Our own task suite: task files, starter code, evaluators, baselines and the baselines script."""
+"""Our own task suite: task files, starter code, evaluators and baselines (the baselines script: tests/evaluation)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from mlgym_registry import Registry, TaskSpec
 from mlgym_registry.specs import load_task_yaml
-from mlgym_registry.tasks import baselines, housing
+from mlgym_registry.tasks import housing
 from mlgym_registry.tasks.suite import TASKS_DIR
 from mlgym_registry.tasks.workspace import stage_workspace
 
@@ -284,29 +284,3 @@ def test_house_sample_submission_is_valid(reg, tmp_path):
     (workspace / "submission.csv").write_bytes(Path(spec.sample_submission).read_bytes())
     metrics = score(spec, workspace)
     assert metrics["r2"] < 0.05  # a constant guess explains (almost) nothing
-
-
-# -- the baselines script ----------------------------------------------------------------------------------------
-
-
-def test_write_baseline_replaces_only_the_block(tmp_path):
-    path = tmp_path / "task.yaml"
-    source = (TASKS_DIR / "houseRegression.yaml").read_text()
-    path.write_text(source)
-    baselines.write_baseline(path, {"rmse": 1.5, "r2": 0.25})
-    updated = path.read_text()
-    assert load_task_yaml(path).baseline_scores == [{"rmse": 1.5, "r2": 0.25}]
-    before, after = source.split("baseline_scores:")[0], source.split("evaluation_paths:")[1]
-    assert updated.startswith(before) and updated.endswith(after)
-
-
-def test_baselines_script_runs_the_starter_code(cache, capsys):
-    assert baselines.main(["--seeds", "2", "prisonersDilemma", "houseRegression"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("prisonersDilemma: Score 2.3") and "over 2 seeds" in out[0]
-    assert out[1].startswith("houseRegression: rmse ") and "r2 0.8" in out[1]
-
-
-def test_summarise():
-    summary = baselines.summarise([{"Score": 1.0}, {"Score": 3.0}])
-    assert summary == {"Score": (2.0, pytest.approx(2**0.5))}

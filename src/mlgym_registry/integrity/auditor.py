@@ -277,8 +277,8 @@ def _evaluator_said(run: Played) -> str:
 
 def _judge_reference(report: IntegrityReport, result: CanaryResult, run: Played, played: dict[str, Played],
                      assigners: dict[str, Any], spec: TaskSpec) -> CanaryResult:
+    from ..evaluation.evaluator_runs import compare_baseline
     from ..scores import same_metrics
-    from ..tasks.evaluator_runs import compare_baseline
 
     if not run.scores or (run.statuses and run.statuses[-1] != "ok"):
         result.verdict = NOT_REPRODUCED

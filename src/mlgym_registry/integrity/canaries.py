@@ -94,8 +94,8 @@ class TaskShape:
 
 def task_shape(spec: TaskSpec) -> TaskShape:
     """Read what the suite needs from ``spec``."""
+    from ..evaluation.evaluator_runs import baseline_command
     from ..scores import lower_is_better
-    from ..tasks.evaluator_runs import baseline_command
 
     evaluators = tuple(dict.fromkeys(PurePosixPath(p).as_posix() for p in spec.evaluation_paths))
     protected = {PurePosixPath(p).as_posix() for p in spec.protected_files}

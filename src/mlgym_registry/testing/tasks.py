@@ -73,7 +73,7 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
     report.problems.extend(_metric_name_problems(spec))
     if report.problems:
         return _conclude(report, raise_on_failure)
-    from ..tasks.evaluator_runs import baseline_run, recorded_baseline
+    from ..evaluation.evaluator_runs import baseline_run, recorded_baseline
 
     report.baseline_program = baseline_run(spec).description
     report.compared_with = recorded_baseline(spec)
@@ -157,7 +157,7 @@ def _compare_baseline(report: TaskCheck) -> None:
     if not spec.baseline:
         report.problems.append("no baseline_scores recorded; run the evaluator on the starter code and record them")
         return
-    from ..tasks.evaluator_runs import compare_baseline
+    from ..evaluation.evaluator_runs import compare_baseline
 
     comparison = compare_baseline(spec, [run.metrics for run in report.runs])
     report.notes.extend(comparison.lines)
@@ -178,7 +178,7 @@ def run_evaluator(spec: TaskSpec, *, seed: int | None = None, timeout: float | N
                   backend_options: dict[str, Any] | None = None) -> dict[str, float]:
     """The metrics ``validate`` gives the task's starter code, with the evaluator's seed ``seed``: a fresh sandboxed
     workspace of the local backend with the task's files, data and interpreter, the baseline program run first when
-    the task has one (``mlgym_registry.tasks.evaluator_runs.baseline_run``), then the pristine evaluator."""
-    from ..tasks.evaluator_runs import score_starter
+    the task has one (``mlgym_registry.evaluation.evaluator_runs.baseline_run``), then the pristine evaluator."""
+    from ..evaluation.evaluator_runs import score_starter
 
     return score_starter(spec, seed=seed, timeout=timeout, backend_options=backend_options)

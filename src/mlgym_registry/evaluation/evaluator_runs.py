@@ -55,7 +55,7 @@ class BaselineRun:
 def baseline_run(spec: TaskSpec) -> BaselineRun:
     """The baseline program to score for ``spec``: its ``baseline_command``, its own baseline script, or the script of
     the MLGym task it derives from (``mlgym_source.borrowed_baseline``), or none (the starter code as it is)."""
-    from .mlgym_source import borrowed_baseline
+    from ..tasks.mlgym_source import borrowed_baseline
 
     command = baseline_command(spec)
     if command is not None:
@@ -74,7 +74,7 @@ def baseline_run(spec: TaskSpec) -> BaselineRun:
 
 def recorded_baseline(spec: TaskSpec) -> str:
     """The published scores fresh runs are compared with, and where they come from, as ``check`` prints it."""
-    from .mlgym_source import overlay_baseline_metrics
+    from ..tasks.mlgym_source import overlay_baseline_metrics
 
     if not spec.baseline:
         return "none recorded"

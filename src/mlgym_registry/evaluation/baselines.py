@@ -1,6 +1,6 @@
 """Recompute the baseline scores of tasks by running their starter/baseline code through their own evaluator.
 
-    python -m mlgym_registry.tasks.baselines [--seeds N] [--write] [TASK ...]
+    python -m mlgym_registry.evaluation.baselines [--seeds N] [--write] [TASK ...]
 
 Each run is scored as ``mlgym-registry check`` scores it (``evaluator_runs.score_starter``): a fresh sandboxed
 workspace, the run's seed as the evaluator's seed, the baseline program first, then the pristine evaluator. The
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..specs import TaskSpec
-from .suite import TASKS_DIR
+from ..tasks.suite import TASKS_DIR
 
 SEED_ENVS = ("MLGYM_REGISTRY_EVAL_SEED", "MLGYM_REGISTRY_SEED")
 ENTRYPOINTS = ("PythonSubmissionTasks", "CSVSubmissionTasks")
@@ -71,7 +71,7 @@ def suite_task_names() -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mlgym_registry.tasks.baselines", description=__doc__.splitlines()[0]
+        prog="python -m mlgym_registry.evaluation.baselines", description=__doc__.splitlines()[0]
     )
     parser.add_argument("tasks", nargs="*", metavar="TASK", help="task names (default: our whole suite)")
     parser.add_argument("--seeds", type=int, default=5, help="number of seeded runs per task (default 5)")
