@@ -10,6 +10,9 @@ task in Gymnasium as ``mlgym_registry/<task>`` once Gymnasium is imported (``gym
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ._version import __version__ as __version__  # in _version.py, which any layer may import
@@ -30,7 +33,6 @@ from .errors import (
     UnknownNameError,
 )
 from .hookspecs import hookimpl
-from .preparation import prepare
 from .registry import Registry, registry
 from .specs import ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
 
@@ -70,6 +72,13 @@ def make(name: Any = None, **kwargs: Any):
 def spec(name: Any) -> TaskSpec:
     """Shorthand for ``registry.spec``."""
     return registry.spec(name)
+
+
+def prepare(task: TaskSpec | str | os.PathLike[str], *, force: bool = False, pip_args: Sequence[str] = (),
+            data_dir: str | None = None, echo: Callable[[str], object] = print) -> Path:
+    """Shorthand for ``registry.prepare``: make a task (a registered name, a task YAML file or a ``TaskSpec``) ready
+    to run offline, its Python environment and then its data, and return its interpreter."""
+    return registry.prepare(task, force=force, pip_args=pip_args, data_dir=data_dir, echo=echo)
 
 
 from . import _moved  # noqa: E402

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from .entries import (
     is_task_file,
     provider_of,
 )
-from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, UnknownNameError
+from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, MLGymRegistryError, UnknownNameError
 from .kinds import COMPONENT_KINDS, KINDS, PATH_LOADERS
 from .options import backend_rules, validate_overrides, validate_task_options
 from .plugins import (
@@ -386,6 +387,52 @@ class Registry:
             item, chain_options = self.resolve(task, **copy.copy(overrides))
             resolved.append(item)
         return build_env(resolved, multi_task=tasks is not None, **chain_options)
+
+    # -- preparing a task ----------------------------------------------------------------------------------------
+    def prepare(self, task: TaskSpec | str | os.PathLike[str], *, force: bool = False, pip_args: Sequence[str] = (),
+                data_dir: str | None = None, echo: Callable[[str], object] = print) -> Path:
+        """Make a task ready to run offline (``preparation.prepare``: its Python environment, then its data), and
+        return its interpreter. ``task`` is a registered name, a task YAML file or a ``TaskSpec`` (``spec_to_prepare``),
+        named in what it prints as ``prepare_label`` says."""
+        from .preparation import prepare
+
+        spec = self.spec_to_prepare(task)
+        return prepare(spec, force=force, pip_args=pip_args, data_dir=data_dir, echo=echo,
+                       label=self.prepare_label(spec))
+
+    def spec_to_prepare(self, task: TaskSpec | str | os.PathLike[str]) -> TaskSpec:
+        """``task`` as ``prepare`` takes it: a ``TaskSpec`` as is, a task YAML file loaded (MLGym's way in an MLGym
+        checkout), else a registered task name looked up."""
+        if isinstance(task, TaskSpec):
+            return task
+        if isinstance(task, os.PathLike) or str(task).endswith((".yaml", ".yml")):
+            from .tasks.mlgym_source import load_task_file
+
+            return load_task_file(task)
+        return self.spec(str(task))
+
+    def prepare_label(self, spec: TaskSpec) -> str:
+        """How a user names ``spec`` to ``prepare``: the name the registry was asked for (``registered_as``), else the
+        registered task (its id, or MLGym's ``mlgym/<id>``) that stands for the same requirements, else its task file,
+        else its id (``preparation.virtualenvs.task_label``, which the backends' messages use)."""
+        from .preparation.task_packages import task_requirements
+        from .preparation.virtualenvs import task_label
+
+        if spec.registered_as:
+            return spec.registered_as
+        try:
+            names = set(self.names("task"))
+        except MLGymRegistryError:
+            names = set()
+        wanted = task_requirements(spec)
+        for candidate in dict.fromkeys([spec.id, spec.gym_id]):
+            if candidate in names:
+                try:
+                    if task_requirements(self.spec(candidate)) == wanted:
+                        return candidate
+                except Exception:  # noqa: BLE001 - a task that fails to load is simply not this one
+                    continue
+        return task_label(spec)
 
     def plugins(self) -> list[dict[str, Any]]:
         """The loaded plugins: name, distribution, version, entry point, hooks implemented and any load error."""

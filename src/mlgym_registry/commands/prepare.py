@@ -11,6 +11,7 @@ checks ``make`` runs), and exits 1 while any task has one.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,13 +41,12 @@ def prepare_task(task: str, *, force: bool = False, data_dir: str | None = None)
     import sys
 
     from ..backends.local.task_checks import blockers
-    from ..preparation import prepare
-    from ..preparation.virtualenvs import load_task, task_label
+    from ..registry import registry
 
-    prepare(task, force=force, data_dir=data_dir)
-    spec = load_task(task)
+    registry.prepare(task, force=force, data_dir=data_dir)
+    spec = registry.spec_to_prepare(task)
     found = blockers(spec, data_dir=data_dir)
-    label = task_label(spec)
+    label = registry.prepare_label(spec)
     if not found:
         print(f"{label}: ready to run")
     for blocker in found:
@@ -56,7 +56,7 @@ def prepare_task(task: str, *, force: bool = False, data_dir: str | None = None)
 
 def list_environments() -> None:
     """One block per prepared environment: its key and folder, its requirements, the registered tasks using it."""
-    from ..preparation.virtualenvs import environments_folder, prepared_environments, tasks_by_environment
+    from ..preparation.virtualenvs import environments_folder, prepared_environments
 
     found = prepared_environments()
     if not found:
@@ -67,3 +67,21 @@ def list_environments() -> None:
         print(f"{environment.key}  {environment.folder}")
         print(f"  requirements: {', '.join(environment.requirements)}")
         print(f"  tasks: {', '.join(users.get(environment.key, [])) or '-'}")
+
+
+def tasks_by_environment(names: Iterable[str] | None = None) -> dict[str, list[str]]:
+    """Registered task names (all, or ``names``) grouped by the key of the environment their requirements call for;
+    tasks that declare none, or fail to load, are left out."""
+    from ..preparation.task_packages import task_requirements
+    from ..preparation.virtualenvs import environment_key
+    from ..registry import registry
+
+    grouped: dict[str, list[str]] = {}
+    for name in registry.names("task") if names is None else names:
+        try:
+            requirements = task_requirements(registry.spec(name))
+        except Exception:  # noqa: BLE001 - listing must not stop at one broken task
+            continue
+        if requirements:
+            grouped.setdefault(environment_key(requirements), []).append(name)
+    return grouped

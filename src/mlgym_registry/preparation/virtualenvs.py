@@ -28,15 +28,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..errors import MissingTaskPackages, MLGymRegistryError, PrepareFailed
+from ..errors import MissingTaskPackages, PrepareFailed
 from ..specs import TaskSpec
 from .import_check import check_imports
 from .task_packages import missing_requirements, normalise_requirement, requirement_name, task_requirements
-
-if TYPE_CHECKING:
-    pass
 
 ENVS_ENV = "MLGYM_REGISTRY_ENVS"
 """The variable naming the folder prepared environments live in (see ``environments_folder``)."""
@@ -107,8 +103,9 @@ def task_python(spec: TaskSpec) -> str:
 
 
 def task_label(spec: TaskSpec) -> str:
-    """How a user names ``spec`` to ``prepare``: the registered name standing for the same requirements (its id, or
-    MLGym's ``mlgym/<id>``), else the task file it was loaded from, else its id."""
+    """How a user names ``spec`` to ``prepare``: the name the registry was asked for (``registered_as``), else the task
+    file it was loaded from, else its id. (``Registry.prepare_label`` also finds a registered name for a spec that did
+    not come from the registry.)"""
     target = _prepare_target(spec)
     return target if target is not None else spec.id
 
@@ -122,45 +119,20 @@ def prepare_command(spec: TaskSpec) -> str:
 
 
 def _prepare_target(spec: TaskSpec) -> str | None:
+    """What ``prepare`` can be given for ``spec`` by name: its registered name, else its task file; None for a spec
+    that has neither."""
     if spec.registered_as:
         return spec.registered_as
-    from ..registry import registry
-
-    try:
-        names = set(registry.names("task"))
-    except MLGymRegistryError:
-        names = set()
-    wanted = task_requirements(spec)
-    for candidate in dict.fromkeys([spec.id, spec.gym_id]):
-        if candidate in names:
-            try:
-                if task_requirements(registry.spec(candidate)) == wanted:
-                    return candidate
-            except Exception:  # noqa: BLE001 - a task that fails to load is simply not this one
-                continue
     if spec.source and Path(spec.source).is_file():
         return spec.source
     return None
 
 
-def load_task(task: TaskSpec | str | os.PathLike[str]) -> TaskSpec:
-    """``task`` as a ``TaskSpec``: a spec as is, a task YAML file loaded, else a registered task name looked up."""
-    if isinstance(task, TaskSpec):
-        return task
-    if isinstance(task, os.PathLike) or str(task).endswith((".yaml", ".yml")):
-        from ..tasks.mlgym_source import load_task_file
-
-        return load_task_file(task)
-    from ..registry import registry
-
-    return registry.spec(str(task))
-
-
 # -- preparing an environment --------------------------------------------------------------------------------------
-def prepare_environment(task: TaskSpec | str | os.PathLike[str], *, force: bool = False,
-                        pip_args: Sequence[str] = (), echo: Echo = print) -> Path:
-    """Make sure the packages ``task`` (a registered name, a task YAML file or a ``TaskSpec``) declares are at hand,
-    and return the interpreter that has them.
+def prepare_environment(spec: TaskSpec, *, force: bool = False, pip_args: Sequence[str] = (), echo: Echo = print,
+                        label: str | None = None) -> Path:
+    """Make sure the packages ``spec`` declares are at hand, and return the interpreter that has them. What it prints
+    names the task ``label`` (default: ``task_label(spec)``).
 
     When the task declares none, or this interpreter already satisfies them, nothing is built (also with ``force``:
     ``task_python`` would not use it) and ``sys.executable`` is returned. Otherwise a ready environment for the same
@@ -176,8 +148,7 @@ def prepare_environment(task: TaskSpec | str | os.PathLike[str], *, force: bool 
     version satisfies the requirement, so that pip reuses what the configured index or wheel folder offers for it
     (e.g. a CPU build) instead of downloading another multi-GB build.
     """
-    spec = load_task(task)
-    label = task_label(spec)
+    label = label or task_label(spec)
     requirements = task_requirements(spec)
     if not requirements:
         echo(f"{label}: declares no packages; it runs with {sys.executable}")
@@ -359,18 +330,3 @@ def prepared_environments() -> list[PreparedEnvironment]:
         found.append(PreparedEnvironment(entry.name, folder, python, [line for line in listed if line.strip()]))
     return found
 
-
-def tasks_by_environment(names: Iterable[str] | None = None) -> dict[str, list[str]]:
-    """Registered task names (all, or ``names``) grouped by the key of the environment their requirements call for;
-    tasks that declare none, or fail to load, are left out."""
-    from ..registry import registry
-
-    grouped: dict[str, list[str]] = {}
-    for name in registry.names("task") if names is None else names:
-        try:
-            requirements = task_requirements(registry.spec(name))
-        except Exception:  # noqa: BLE001 - listing must not stop at one broken task
-            continue
-        if requirements:
-            grouped.setdefault(environment_key(requirements), []).append(name)
-    return grouped
