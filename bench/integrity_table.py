@@ -22,7 +22,7 @@ START, END = "<!-- integrity-table:start -->", "<!-- integrity-table:end -->"
 
 def task_names(asked: list[str]) -> list[str]:
     from mlgym_registry import registry
-    from mlgym_registry.tasks.baselines import suite_task_names
+    from mlgym_registry.evaluation.baselines import suite_task_names
 
     if asked:
         return asked

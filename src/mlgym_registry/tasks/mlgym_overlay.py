@@ -156,7 +156,7 @@ EXTRAS: dict[str, dict[str, object]] = {
     },
 }
 """Task extras we add (see ``mlgym_registry.preparation.datasets.prepare_data`` and
-``mlgym_registry.tasks.evaluator_runs``): how to make a task's data from what its repository ships, the baseline
+``mlgym_registry.evaluation.evaluator_runs``): how to make a task's data from what its repository ships, the baseline
 program of a task whose file names none, why a published baseline cannot be reproduced from a checkout's data, what
 a task needs beyond packages and data (``needs``: a CUDA device, Hugging Face models; see
 ``mlgym_registry.backends.local.task_checks``), and for data MLGym's repository does not ship, the files its folder
