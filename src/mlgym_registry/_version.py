@@ -3,4 +3,5 @@
 from __future__ import annotations
 
 __version__ = "0.1.0"
-"""This source tree's version (``pyproject.toml`` names the same); ``mlgym_registry.__version__`` hands it on."""
+"""This source tree's version, written here only: ``pyproject.toml`` reads it (``[tool.setuptools.dynamic]``), and
+``mlgym_registry.__version__`` hands it on."""
