@@ -14,7 +14,7 @@ from ... import seeding
 from ...preparation.hub_datasets import HubView
 from ...specs import TaskSpec
 from ...submissions import submission_schema
-from . import cgroups, hub_cache, procs, toolset
+from . import cgroups, hub_cache, procs, task_checks, toolset
 from . import limits as limits_mod
 from . import sandbox as sandbox_mod
 from .evaluation import HARNESS_DIR, Evaluator
@@ -217,6 +217,7 @@ class Confinement:
             agent_modules=frozenset(_module_names(self.spec.starter_code)),
             agent_code_in_process=agent_code_in_process,
             submission_schema=submission_schema(self.spec),
+            agent_side=frozenset(task_checks.agent_side_files(self.spec)),
         )
 
     def preexec(self, part: str = cgroups.AGENT, cgroup: limits_mod.PidsCgroup | None = None,

@@ -246,6 +246,10 @@ class Evaluator:
     submission_schema: SubmissionSchema | None = None
     """The task's submission schema: the submission in the evaluation's view is checked against it before the
     evaluator runs (``submission_check``); None: no check."""
+    agent_side: frozenset[str] = frozenset()
+    """Pristine files (keys of ``pristine``) that run on the agent's side (``task_checks.AGENT_SIDE_FILES``): put
+    back in both views like the others, but never trusted by the evaluator, whose imports of them are proxies to the
+    agent's process (the RL tasks' policy, which loads the agent's network there)."""
 
     @property
     def shown_workspace(self) -> str:
@@ -446,6 +450,8 @@ class Evaluator:
         imports these files, never the agent's of the same name."""
         paths = set()
         for relative, source in self.pristine.items():
+            if relative in self.agent_side:
+                continue
             first, _, rest = relative.partition("/")
             if not rest and first.endswith(".py"):
                 paths.add(first)

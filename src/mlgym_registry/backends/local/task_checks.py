@@ -23,6 +23,10 @@ from . import sandbox as sandbox_mod
 AGENT_CODE_IN_EVALUATOR = "agent_code_in_evaluator"
 """A task extra: its evaluator must import the agent's code into its own process (to trace it with a JIT compiler,
 say), so the agent's code could print or change the score."""
+AGENT_SIDE_FILES = "agent_side_files"
+"""A task extra: pristine workspace files (``protected_files``) that its evaluator imports as the agent's code, so
+they run in the agent's sandboxed process, never the evaluator's: the RL tasks' policy, which loads the agent's
+network, and answers each step's observations with actions (``tasks/data/rl``)."""
 NEEDS = "needs"
 """A task extra: what its evaluator or baseline needs beyond packages and data, ``{"devices": ["cuda"], "models":
 ["bert-base-uncased"]}``: a CUDA device it asserts, Hugging Face models it loads by name."""
@@ -120,6 +124,15 @@ def refuse_missing_model(spec: TaskSpec, model: str) -> None:
 def agent_code_in_evaluator(spec: TaskSpec) -> bool:
     """Whether ``spec``'s evaluator runs the agent's code in its own process (``AGENT_CODE_IN_EVALUATOR``)."""
     return bool(spec.extra.get(AGENT_CODE_IN_EVALUATOR))
+
+
+def agent_side_files(spec: TaskSpec) -> list[str]:
+    """The workspace paths of ``spec``'s pristine files that run on the agent's side (``AGENT_SIDE_FILES``)."""
+    declared = spec.extra.get(AGENT_SIDE_FILES) or []
+    if isinstance(declared, str) or not all(isinstance(path, str) for path in declared):
+        raise TaskFilesMissing(f"task {spec.id!r}: {AGENT_SIDE_FILES} must be a list of workspace paths such as "
+                               f"[rl_policy.py], not {declared!r}")
+    return list(declared)
 
 
 def refuse_untrusted_evaluator(spec: TaskSpec, trust_agent_code: bool) -> None:
