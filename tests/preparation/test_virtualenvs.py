@@ -117,7 +117,9 @@ def test_the_mlgym_overlay_declares_each_tasks_packages(tmp_path, monkeypatch):
     registry = fresh_registry()
     assert task_requirements(registry.spec("mlgym/titanicSurvival")) == ["numpy", "pandas<3", "scikit-learn"]
     jax = "jax[cuda12]" if any(Path("/dev").glob("nvidia[0-9]*")) else "jax"  # the CUDA build on GPU hosts only
-    assert task_requirements(registry.spec("mlgym/rlMetaMazeMisc")) == [jax, "gymnax", "numpy"]
+    pins = ["jaxlib==0.4.35", "flax==0.10.2", "optax==0.2.4", "chex==0.1.87", "gymnax==0.0.8",
+            "tensorflow-probability==0.25.0"]  # versions that import together: the file's own lines are unpinned
+    assert task_requirements(registry.spec("mlgym/rlMetaMazeMisc")) == [f"{jax}==0.4.35", *pins, "numpy"]
 
 
 def test_prepare_says_when_this_interpreter_suffices_and_list_shows_nothing(tmp_path, envs, capsys):

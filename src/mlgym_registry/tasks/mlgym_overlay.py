@@ -12,6 +12,8 @@ reads no answers (3-SAT solves its instances; the games play an opponent) have n
 
 from __future__ import annotations
 
+from pathlib import Path
+
 SECRET_FILES: dict[str, tuple[str, ...]] = {
     # evaluate.py reads /home/agent/workspace/data/ground_truth.csv (datasets/titanic.yaml puts data/titanic/data
     # at data/)
@@ -90,10 +92,12 @@ _GENDER_RULE = (
     "out = open('submission.csv', 'w', newline=''); w = csv.writer(out); w.writerow(['PassengerId', 'Survived']); "
     "w.writerows([r['PassengerId'], int(r['Sex'] == 'female')] for r in rows); out.close()\""
 )
-_JITS_AGENT_CODE = {
-    # evaluate.py imports the agent's src.networks and src.helpers, unpickles its checkpoints and traces the agent's
-    # network with jax.jit inside its own rollouts: the agent's code cannot run in another process
-    "agent_code_in_evaluator": True,
+_RL_EVALUATION = {
+    # MLGym's evaluate.py imports the agent's src.networks and src.helpers, unpickles its checkpoints and traces the
+    # agent's network with jax.jit inside its own rollouts (jax.lax.scan), so the agent's code would run in the
+    # evaluator's process. Ours (data/rl, see overlay_files) steps the gymnax environment there and asks rl_policy.py,
+    # which runs where the agent's code runs, for each step's batch of actions
+    "agent_side_files": ["rl_policy.py"],
 }
 _SAT_DATA = {
     # evaluate.py reads data/dataset.pkl (datasets/3SAT.yaml puts data/3SATTime/data at data/), which MLGym's repository
@@ -134,10 +138,10 @@ _FINEWEB_DATA = {
 EXTRAS: dict[str, dict[str, object]] = {
     "3SATTime": _SAT_DATA,
     "imageCaptioningCOCO": _COCO_DATA,
-    "rlBreakoutMinAtar": _JITS_AGENT_CODE,
-    "rlMetaMazeMisc": _JITS_AGENT_CODE,
-    "rlMountainCarContinuous": _JITS_AGENT_CODE,
-    "rlMountainCarContinuousReinforce": _JITS_AGENT_CODE,
+    "rlBreakoutMinAtar": _RL_EVALUATION,
+    "rlMetaMazeMisc": _RL_EVALUATION,
+    "rlMountainCarContinuous": _RL_EVALUATION,
+    "rlMountainCarContinuousReinforce": _RL_EVALUATION,
     "regressionKaggleHousePrice": {"prepare_data": _KAGGLE_SPLIT},
     "regressionKaggleHousePriceL1": {"prepare_data": _KAGGLE_SPLIT},
     # evaluate.py and baseline.py assert torch.cuda.is_available() and move every batch to a CUDA device
@@ -226,16 +230,42 @@ container has them from its generic conda requirements, or from the task's own r
 (``requirements_path``), whose lines are added to these (``task_packages.task_requirements``)."""
 
 RL_TASKS = ("rlBreakoutMinAtar", "rlMetaMazeMisc", "rlMountainCarContinuous", "rlMountainCarContinuousReinforce")
-"""Tasks whose requirements file names ``jax[cuda12]``: the CUDA build of jax, which a host without an NVIDIA GPU
-cannot use."""
+"""MLGym's gymnax tasks: their requirements file names an unpinned ``jax[cuda12]``, and their evaluation program is
+ours (``overlay_files``)."""
+
+RL_PINS = ("jax==0.4.35", "jaxlib==0.4.35", "flax==0.10.2", "optax==0.2.4", "chex==0.1.87", "gymnax==0.0.8",
+           "tensorflow-probability==0.25.0")
+"""Versions that work together for the RL tasks (checked on CPU: the tasks' ``src/train.py`` imports and trains, our
+evaluator scores its checkpoints). Unpinned, pip takes the newest jax, whose ``jax.interpreters.xla`` no longer has
+``pytype_aval_mappings``, which tensorflow-probability 0.25 (the newest release; its jax substrate is what the tasks'
+networks import) reads at import. jax 0.4.35 is the newest it imports with; flax 0.10.2, optax 0.2.4 and chex 0.1.87
+are releases of the same months that accept it, gymnax 0.0.8 the release MLGym's code was written against."""
+
+RL_DATA = Path(__file__).resolve().parent / "data" / "rl"
+"""Our evaluation program of the RL tasks: a per-task ``evaluate.py``, the shared evaluator ``rl_gymnax.py`` and
+driver ``rl_driver.py``, and the agent's side ``rl_policy.py``."""
+RL_FILES = ("rl_driver.py", "rl_gymnax.py", "rl_policy.py")
+
+
+def overlay_files(task_id: str, starter_code: list[str], protected: list[str]) -> tuple[list[str], list[str]]:
+    """``(starter_code, protected_files)`` of MLGym's task ``task_id`` with our evaluation program where its own
+    cannot run honestly here: for the RL tasks, MLGym's ``evaluate.py`` replaced by ours and our files added,
+    protected (put back pristine before each evaluation). Copies; unchanged for other tasks."""
+    task_id = task_id.removeprefix("mlgym/")
+    if task_id not in RL_TASKS:
+        return list(starter_code), list(protected)
+    ours = str(RL_DATA / task_id / "evaluate.py")
+    starter = [ours if Path(item).name == "evaluate.py" else item for item in starter_code]
+    starter += [str(RL_DATA / name) for name in RL_FILES]
+    return starter, list(dict.fromkeys([*protected, *RL_FILES]))
 
 
 def overlay_requirements(task_id: str) -> list[str]:
-    """The packages we declare for MLGym's task ``task_id`` (``mlgym/`` prefix allowed); [] when none. On a host
-    without NVIDIA devices the RL tasks get ``jax``, which replaces their requirements file's ``jax[cuda12]``."""
-    from pathlib import Path
-
+    """The packages we declare for MLGym's task ``task_id`` (``mlgym/`` prefix allowed); [] when none. The RL tasks
+    get ``RL_PINS``, which replace their requirements file's lines of the same packages; on a host without NVIDIA
+    devices, plain ``jax`` replaces the file's ``jax[cuda12]`` (the CUDA build, which such a host cannot use)."""
     task_id = task_id.removeprefix("mlgym/")
     if task_id in RL_TASKS:
-        return [] if any(Path("/dev").glob("nvidia[0-9]*")) else ["jax"]
+        gpu = any(Path("/dev").glob("nvidia[0-9]*"))
+        return [f"jax[cuda12]{RL_PINS[0][3:]}" if gpu else RL_PINS[0], *RL_PINS[1:]]
     return list(REQUIREMENTS.get(task_id, ()))

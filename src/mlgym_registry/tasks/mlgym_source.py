@@ -30,6 +30,7 @@ from ..specs import TaskSpec, load_task_yaml
 from .mlgym_overlay import (
     overlay_baseline,
     overlay_extras,
+    overlay_files,
     overlay_requirements,
     overlay_secret_files,
     overlay_submission,
@@ -158,8 +159,11 @@ def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
     if known is not None:
         extra.setdefault("priority_metric", known.name)
         extra.setdefault("metric_direction", known.direction)
+    starter_code, protected = overlay_files(
+        spec.id, list(spec.starter_code), list(spec.protected_files) or evaluator_modules(spec))
     return spec.replace(
-        protected_files=list(spec.protected_files) or evaluator_modules(spec),
+        starter_code=starter_code,
+        protected_files=protected,
         secret_files=list(dict.fromkeys([*spec.secret_files, *overlay_secret_files(spec.id)])),
         baseline_scores=overlay_baseline(spec.id, list(spec.baseline_scores)),
         requirements=spec.requirements if spec.requirements is not None else overlay_requirements(spec.id),
