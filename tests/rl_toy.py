@@ -117,8 +117,9 @@ TRAIN = textwrap.dedent(
     import sys
     import time
 
-    seconds = float(os.environ.get("TOY_TRAIN_SECONDS", "0"))
-    time.sleep(seconds)  # "training"
+    SECONDS = 0
+
+    time.sleep(SECONDS)  # "training"
     os.makedirs("checkpoints", exist_ok=True)
     for seed in range(2):
         with open(f"checkpoints/config-{seed}.pkl", "wb") as handle:
@@ -128,14 +129,15 @@ TRAIN = textwrap.dedent(
 )
 
 
-def toy_spec(folder: Path, *, training_timeout: int = 60, linear: str = LINEAR) -> TaskSpec:
+def toy_spec(folder: Path, *, training_timeout: int = 60, linear: str = LINEAR, train_seconds: float = 0
+             ) -> TaskSpec:
     """The tiny RL task, its files written into ``folder``; the package's own ``rl_driver.py``."""
     (folder / "src").mkdir(parents=True, exist_ok=True)
     (folder / "evaluate.py").write_text(EVALUATE)
     (folder / "toy_policy.py").write_text(TOY_POLICY)
     (folder / "src" / "__init__.py").write_text("")
     (folder / "src" / "linear.py").write_text(linear)
-    (folder / "src" / "train.py").write_text(TRAIN)
+    (folder / "src" / "train.py").write_text(TRAIN.replace("SECONDS = 0", f"SECONDS = {train_seconds}"))
     (folder / "config.yaml").write_text("train_config: {}\n")
     return TaskSpec(
         id="toyLineWorld", name="LineWorld", description="Train a linear policy; save checkpoints/config-*.pkl.",
@@ -143,5 +145,6 @@ def toy_spec(folder: Path, *, training_timeout: int = 60, linear: str = LINEAR) 
         starter_code=["evaluate.py", str(RL_DATA / "rl_driver.py"), "toy_policy.py", "src", "config.yaml"],
         evaluation_paths=["evaluate.py"], evaluation_read_only=True, baseline_paths=["src/train.py"],
         protected_files=["rl_driver.py", "toy_policy.py"], baseline_scores=[{"Reward Mean": 0.9, "Reward Std": 0.1}],
-        max_steps=20, root=str(folder), extra={"agent_side_files": ["toy_policy.py"], "priority_metric": "Reward Mean"},
+        max_steps=20, root=str(folder), extra={"agent_side_files": ["toy_policy.py"], "priority_metric": "Reward Mean",
+                                                 "baseline_command": "python src/train.py"},
     )

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=KINDS, help="check NAME as a component of this kind (default: task)")
     parser.add_argument("--runs", type=cli_integer(1), default=3,
                         help="evaluator runs, each with its own seed (default: 3)")
+    parser.add_argument("--budget", type=float, metavar="SECONDS",
+                        help="seconds each run's baseline program (its training) may take (default: the task's "
+                             "training_timeout); one that does not finish in it is reported, never scored")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -58,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
     if args.task is None:
         raise SystemExit("check needs a task (PATH_OR_NAME), --plugin DIST or --kind KIND NAME")
     _refuse_components(args.task)
-    report = check_task(args.task, runs=args.runs, raise_on_failure=False)
+    report = check_task(args.task, runs=args.runs, raise_on_failure=False, budget=args.budget)
     if args.json:
         print(json.dumps({
             "task": report.spec.id,

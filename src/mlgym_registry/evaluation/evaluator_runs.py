@@ -106,7 +106,7 @@ def score_starter(spec: TaskSpec, *, seed: int | None = None, timeout: float | N
             try:
                 output = backend.communicate(command, timeout_duration=timeout)
             except CommandTimeout:
-                raise MLGymRegistryError(f"task {spec.id!r}: `{command}` ran longer than {timeout:.0f} s") from None
+                raise MLGymRegistryError(unfinished_baseline(spec, command, timeout)) from None
             if backend.returncode:
                 raise MLGymRegistryError(
                     f"task {spec.id!r}: `{command}` exited with {backend.returncode}:\n{output.strip()[-2000:]}")
@@ -118,6 +118,17 @@ def score_starter(spec: TaskSpec, *, seed: int | None = None, timeout: float | N
         return dict(scores[-1])
     finally:
         backend.close()
+
+
+def unfinished_baseline(spec: TaskSpec, command: str, seconds: float) -> str:
+    """The message for a baseline program that did not finish within ``seconds``: nothing was scored, since what a
+    cut-short training left (a few checkpoints, an early one) is not the baseline's work."""
+    full = spec.training_timeout or 1800
+    more = (f"; the full baseline may take up to {full} s (the task's training_timeout, MLGym's limit)"
+            if seconds < full else "")
+    return (f"task {spec.id!r}: `{command}` did not finish within {seconds:.0f} s, so the baseline was not scored (a "
+            f"training cut short is not the baseline){more}. Give it more time (check --budget SECONDS); MLGym's "
+            "published RL baselines took hours of CPU training")
 
 
 @dataclass

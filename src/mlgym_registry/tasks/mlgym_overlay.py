@@ -98,6 +98,8 @@ _RL_EVALUATION = {
     # evaluator's process. Ours (data/rl, see overlay_files) steps the gymnax environment there and asks rl_policy.py,
     # which runs where the agent's code runs, for each step's batch of actions
     "agent_side_files": ["rl_policy.py"],
+    # the baseline is MLGym's src/train.py (baseline_paths), which trains the 5 checkpoints with src/config.yaml
+    "baseline_command": "python src/train.py",
 }
 _SAT_DATA = {
     # evaluate.py reads data/dataset.pkl (datasets/3SAT.yaml puts data/3SATTime/data at data/), which MLGym's repository

@@ -45,7 +45,8 @@ class TaskCheck:
         return not self.problems
 
 
-def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: bool = True) -> TaskCheck:
+def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: bool = True,
+               budget: float | None = None) -> TaskCheck:
     """Check a task for suite maintainers: it loads, its files exist, its evaluator runs on the starter code and
     prints its metrics, and its recorded baseline matches fresh runs within the evaluator's own noise.
 
@@ -56,6 +57,8 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
     within four standard deviations of the fresh runs' mean, or within the task's ``baseline_tolerance`` (relative,
     default 0.1 %) of it.
     A difference whose cause the task states (``baseline_note``) is listed in ``known_differences``, not a problem.
+    ``budget``: the seconds each run's baseline program may take (default the task's ``training_timeout``); one that
+    does not finish in it is a problem, never scored, and a budget below ``training_timeout`` is warned about.
     """
     spec = _load_task(task)
     report = TaskCheck(spec)
@@ -77,9 +80,14 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
 
     report.baseline_program = baseline_run(spec).description
     report.compared_with = recorded_baseline(spec)
+    full = spec.training_timeout or 1800
+    if budget is not None and budget < full and baseline_run(spec).command is not None:
+        report.warnings.append(
+            f"--budget gives the baseline program {budget:.0f} s a run; the full baseline may take up to {full} s "
+            "(the task's training_timeout, MLGym's limit): one cut short is reported as a problem, never scored")
     for seed in range(runs):
         try:
-            report.runs.append(EvaluationRun(seed, run_evaluator(spec, seed=seed)))
+            report.runs.append(EvaluationRun(seed, run_evaluator(spec, seed=seed, timeout=budget)))
         except MLGymRegistryError as exc:
             report.problems.append(str(exc))
             return _conclude(report, raise_on_failure)
