@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tensordict import TensorDictBase
 from torchrl.envs import TransformedEnv
 
+from . import pool_wire
 from .base import refuse_stepped
 from .pools import (
     adopt_pool,
@@ -18,12 +20,12 @@ from .pools import (
 )
 
 
-def _for_caller(out: TensorDictBase) -> TensorDictBase:
-    """``out`` as the caller of the ``ChainEnv`` method calling this needs it: a ``PoolOutput`` for an
+def _for_caller(out: TensorDictBase, env: ChainEnv) -> TensorDictBase:
+    """``out`` as the caller of the ``ChainEnv`` method calling this needs it: a ``PoolOutput`` of ``env`` for an
     ``AsyncEnvPool``, a ``ParallelOutput`` (conversations dense when it consolidates) for a ``ParallelEnv`` worker,
     else ``out`` itself."""
     if called_by_pool(3):
-        return for_pool(out)
+        return for_pool(out, env.pool_token)
     consolidating = parallel_worker(3)
     return out if consolidating is None else for_parallel(out, consolidating)
 
@@ -36,7 +38,8 @@ class ChainEnv(TransformedEnv):
       batch sizes.
     - It is a context manager: ``with registry.make(...) as env:`` closes it, and its backend, on the way out.
     - In TorchRL's ``AsyncEnvPool`` (``transforms/pools.py``): what the env returns to the pool stacks with the pool's
-      default ``stack="dense"`` whatever each env's conversation length, and a threading pool closes its envs.
+      default ``stack="dense"`` whatever each env's conversation length, a threading pool closes its envs, and a
+      multiprocessing pool's queues carry only the messages the other end lacks (``transforms/pool_wire.py``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -44,6 +47,15 @@ class ChainEnv(TransformedEnv):
         pool = constructing_pool()
         if pool is not None:
             adopt_pool(pool)
+
+    @property
+    def pool_token(self) -> str:
+        """Names this env's outputs on a multiprocessing pool's queues (``pools.PoolOutput``), and the process the
+        env lives in (a copy of the env sent to another process gets a name of its own there)."""
+        token = self.__dict__.get("_pool_token")
+        if token is None or not token.startswith(f"{os.getpid()}:"):
+            token = self.__dict__["_pool_token"] = pool_wire.new_token()
+        return token
 
     def __enter__(self) -> ChainEnv:
         return self
@@ -55,19 +67,19 @@ class ChainEnv(TransformedEnv):
     def step(self, tensordict: TensorDictBase) -> TensorDictBase:
         """``TransformedEnv.step``, after checking that ``tensordict`` is a step's input, not its output."""
         refuse_stepped(tensordict)
-        return _for_caller(super().step(tensordict))
+        return _for_caller(super().step(tensordict), self)
 
     def reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         """``TransformedEnv.reset``."""
-        return _for_caller(super().reset(tensordict, **kwargs))
+        return _for_caller(super().reset(tensordict, **kwargs), self)
 
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """``TransformedEnv.step_and_maybe_reset``."""
         out, following = super().step_and_maybe_reset(tensordict)
-        return _for_caller(out), _for_caller(following)
+        return _for_caller(out, self), _for_caller(following, self)
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
-        return _for_caller(super()._reset(tensordict, **kwargs))
+        return _for_caller(super()._reset(tensordict, **kwargs), self)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return _for_caller(super()._step(tensordict))
+        return _for_caller(super()._step(tensordict), self)

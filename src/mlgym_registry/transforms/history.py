@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import operator
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,6 +37,23 @@ def message(role: str, content: str, device: torch.device | None = None) -> Tens
     return history._tensordict
 
 
+_CLONES = threading.local()
+"""``share_messages``: set while ``messages_shared_in_clones`` is in force on this thread."""
+
+
+@contextlib.contextmanager
+def messages_shared_in_clones() -> Iterator[None]:
+    """Within the block (on this thread), a deep ``clone()`` of a conversation shares its messages, as a shallow one
+    does: for a clone whose only purpose is to own its tensors (a pool's copy of what came off its queue), where
+    copying each message would cost a pass over the conversation every turn."""
+    before = getattr(_CLONES, "share_messages", False)
+    _CLONES.share_messages = True
+    try:
+        yield
+    finally:
+        _CLONES.share_messages = before
+
+
 class MessageStack(LazyStackedTensorDict):
     """The messages of a conversation, stacked lazily; a shallow clone shares the (never modified) messages.
 
@@ -50,7 +71,7 @@ class MessageStack(LazyStackedTensorDict):
         return super()._key_list()
 
     def _clone(self, recurse: bool = True) -> MessageStack:
-        if recurse:
+        if recurse and not getattr(_CLONES, "share_messages", False):
             return super()._clone(recurse=True)
         return self._share(list(self.tensordicts), self._message_keys)
 
@@ -110,6 +131,8 @@ def extend_history(history: History, messages: list[TensorDict]) -> History:
 def common_prefix(a: list[Any], b: list[Any]) -> int:
     """How many leading items the lists ``a`` and ``b`` share (the same objects, not equal ones)."""
     count = min(len(a), len(b))
+    if all(map(operator.is_, a[:count], b[:count])):  # the usual case, at C speed
+        return count
     for index in range(count):
         if a[index] is not b[index]:
             return index

@@ -29,18 +29,49 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_non_tensor, is_tensorclass, lazy_stack
 
+from . import pool_wire
+from .history import messages_shared_in_clones
+
 _SEARCHED_FRAMES = 40
 """How far up the stack the pool that is building an env is looked for (the factory's own calls sit in between)."""
 
 
 class PoolOutput(TensorDict):
-    """A ``TensorDict`` that ``torch.stack`` stacks lazily (``lazy_stack``): what the env returns to a pool."""
+    """A ``TensorDict`` that ``torch.stack`` stacks lazily (``lazy_stack``): what the env returns to a pool.
+
+    It names the env it came from (``_mlgym_env``), and a multiprocessing pool's queue carries it, on its way to the
+    trainer and back to the env's worker, as the messages the other end lacks (``pool_wire``), so that a turn through
+    the pool costs the same at any conversation length.
+    """
+
+    _mlgym_env: str | None = None
 
     @classmethod
     def __torch_function__(cls, func: Any, types: tuple[type, ...], args: tuple = (), kwargs: dict | None = None):
         if func is torch.stack:
             return lazy_stack(*args, **(kwargs or {}))
         return super().__torch_function__(func, types, args, kwargs)
+
+    def _clone(self, recurse: bool = True) -> PoolOutput:
+        # TorchRL's multiprocessing pool clones what came off its queue (to own its tensors' memory): the messages,
+        # written once and never changed, are shared rather than copied one by one, and the env's name is kept
+        with messages_shared_in_clones():
+            result = _recast(super()._clone(recurse), PoolOutput)
+        result._mlgym_env = self._mlgym_env
+        return result
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        token = self._mlgym_env
+        if token is None or not pool_wire.may_encode(token):
+            return super().__reduce_ex__(protocol)
+        return _from_wire, (token, pool_wire.WIRE.encode(token, self.__getstate__()))
+
+
+def _from_wire(token: str, payload: bytes) -> PoolOutput:
+    """The ``PoolOutput`` that ``PoolOutput.__reduce_ex__`` sent over a pool's queue."""
+    output = PoolOutput.__new__(PoolOutput)
+    output.__setstate__(pool_wire.WIRE.decode(token, payload))
+    return output
 
 
 def _pool_module() -> Any:
@@ -56,9 +87,12 @@ def called_by_pool(depth: int = 2) -> bool:
     return module is not None and sys._getframe(depth).f_code.co_filename == module.__file__
 
 
-def for_pool(tensordict: TensorDictBase) -> TensorDictBase:
-    """``tensordict`` as a ``PoolOutput``."""
-    return _recast(tensordict, PoolOutput)
+def for_pool(tensordict: TensorDictBase, env: str | None = None) -> TensorDictBase:
+    """``tensordict`` as a ``PoolOutput`` of the env whose token is ``env`` (``ChainEnv.pool_token``)."""
+    output = _recast(tensordict, PoolOutput)
+    if env is not None:
+        output._mlgym_env = env
+    return output
 
 
 def _recast(tensordict: TensorDictBase, cls: type[TensorDict]) -> TensorDictBase:
@@ -208,6 +242,7 @@ def adopt_pool(pool: Any) -> None:
     if pool.__dict__.get("_mlgym_adopted"):
         return
     pool.__dict__["_mlgym_adopted"] = True
+    pool_wire.watch_pool(pool)
     # EnvBase.__init__ (run after the pool's setup) sets is_closed=True only when no value is there yet
     pool.__dict__["is_closed"] = False
     shutdown = type(pool).shutdown

@@ -1,0 +1,100 @@
+"""A multiprocessing pool's queues carry each env's conversation as the messages the other end lacks
+(``transforms/pool_wire.py``): the conversations that cross are the envs' own, message for message, whatever their
+length, and what crosses a turn does not grow with the conversation."""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import pickle
+
+import pytest
+
+from mlgym_registry.scale.parallel import EnvFactory
+from mlgym_registry.scale.workers import WithParentEnviron, warm_workers
+from mlgym_registry.transforms.history import as_dicts, extend_history, history_from, message
+from mlgym_registry.transforms.pool_wire import Wire, WireOutOfStep
+
+TASK = "prisonersDilemma"
+MAX_TURNS = (3, 5)
+"""The two envs' episode lengths: they reset at different rounds, so a new conversation starts beside a long one."""
+ROUNDS = 12
+
+
+def reply(round_: int) -> str:
+    return f"DISCUSSION\nRound {round_}.\n```\necho round-{round_}\n```"
+
+
+def conversations(td) -> list[list[dict[str, str]]]:
+    """Each env's conversation in a pool's (or a stacked) output, as role/content dicts."""
+    return [as_dicts(td[index]["history"].prompt) for index in range(td.batch_size[0])]
+
+
+def test_a_process_pool_hands_over_the_same_conversations_as_the_envs_in_process():
+    factories = [WithParentEnviron(EnvFactory.from_spec(TASK, max_turns=turns)) for turns in MAX_TURNS]
+    local = [factory() for factory in factories]
+    with warm_workers():
+        from torchrl.envs import AsyncEnvPool
+
+        pool = AsyncEnvPool(factories, backend="multiprocessing", exchange="queue")
+    try:
+        pooled = pool.reset()
+        local_tds = [env.reset() for env in local]
+        for round_ in range(ROUNDS):
+            pooled["text", "response"] = [[reply(round_)]] * len(MAX_TURNS)
+            pool.async_step_and_maybe_reset_send(pooled)
+            _, pooled = pool.async_step_and_maybe_reset_recv(min_get=len(MAX_TURNS))
+            for index, env in enumerate(local):
+                local_tds[index]["text", "response"] = reply(round_)
+                _, local_tds[index] = env.step_and_maybe_reset(local_tds[index])
+            expected = [as_dicts(td["history"].prompt) for td in local_tds]
+            assert conversations(pooled) == expected, f"round {round_}"
+            assert [pooled[index]["text", "prompt"] for index in range(len(local))] == [
+                td["text", "prompt"] for td in local_tds]
+        # an env's output put on a queue of the user's, copied or pickled, is whole and self-contained
+        queue = multiprocessing.Queue()
+        queue.put(pooled[1])
+        assert as_dicts(queue.get(timeout=30)["history"].prompt) == expected[1]
+        assert as_dicts(copy.deepcopy(pooled[0])["history"].prompt) == expected[0]
+        assert as_dicts(pickle.loads(pickle.dumps(pooled[0]))["history"].prompt) == expected[0]
+        # and the pool goes on from where it was
+        pooled["text", "response"] = [[reply(ROUNDS)]] * len(MAX_TURNS)
+        pool.async_step_and_maybe_reset_send(pooled)
+        _, pooled = pool.async_step_and_maybe_reset_recv(min_get=len(MAX_TURNS))
+        assert conversations(pooled)[1][-2]["content"] == reply(ROUNDS)
+    finally:
+        pool.close()
+        for env in local:
+            env.close()
+
+
+def conversation(count: int, start: int = 0) -> list:
+    return [message("user" if index % 2 else "assistant", f"message {index} " + "x" * 200)
+            for index in range(start, start + count)]
+
+
+def test_what_crosses_a_turn_does_not_grow_with_the_conversation():
+    trainer, worker = Wire(), Wire()
+    messages = conversation(3)
+    history = history_from(messages)
+    sizes = []
+    for turn in range(200):
+        payload = worker.encode("env", {"prompt": history._tensordict})
+        sizes.append(len(payload))
+        received = trainer.decode("env", payload)["prompt"]
+        assert as_dicts(history_from(list(received.tensordicts))) == as_dicts(history)
+        # the trainer's policy answers on the conversation it received; the worker reads it back
+        answered = extend_history(history_from(list(received.tensordicts)), conversation(1, 3 + 2 * turn))
+        back = worker.decode("env", trainer.encode("env", {"full": answered._tensordict}))["full"]
+        assert as_dicts(history_from(list(back.tensordicts))) == as_dicts(answered)
+        history = extend_history(history_from(list(back.tensordicts)), conversation(1, 4 + 2 * turn))
+    assert max(sizes[-20:]) <= 1.1 * max(sizes[:20]), sizes
+
+
+def test_an_end_that_went_out_of_step_says_so():
+    sender, receiver = Wire(), Wire()
+    history = history_from(conversation(4))
+    sender.encode("env", {"prompt": history._tensordict})  # never delivered
+    payload = sender.encode("env", {"prompt": history._tensordict})
+    with pytest.raises(WireOutOfStep, match="sent to another env's worker, or one end missed a message"):
+        receiver.decode("env", payload)
