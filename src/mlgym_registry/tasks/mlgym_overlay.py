@@ -240,8 +240,9 @@ RL_PINS = ("jax==0.4.35", "jaxlib==0.4.35", "flax==0.10.2", "optax==0.2.4", "che
 """Versions that work together for the RL tasks (checked on CPU: the tasks' ``src/train.py`` imports and trains, our
 evaluator scores its checkpoints). Unpinned, pip takes the newest jax, whose ``jax.interpreters.xla`` no longer has
 ``pytype_aval_mappings``, which tensorflow-probability 0.25 (the newest release; its jax substrate is what the tasks'
-networks import) reads at import. jax 0.4.35 is the newest it imports with; flax 0.10.2, optax 0.2.4 and chex 0.1.87
-are releases of the same months that accept it, gymnax 0.0.8 the release MLGym's code was written against."""
+networks import) reads at import. It imports with jax 0.4.35 (newer 0.4 and 0.5 releases were not tried); flax
+0.10.2, optax 0.2.4 and chex 0.1.87 are releases of the same months that accept it, gymnax 0.0.8 the release MLGym's
+code was written against."""
 
 RL_DATA = Path(__file__).resolve().parent / "data" / "rl"
 """Our evaluation program of the RL tasks: a per-task ``evaluate.py``, the shared evaluator ``rl_gymnax.py`` and
