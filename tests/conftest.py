@@ -263,6 +263,17 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="module")
+def task_cache(tmp_path_factory):
+    """A private cache folder (``MLGYM_REGISTRY_CACHE``) for the task data a test module generates, with no MLGym
+    checkout in view."""
+    folder = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLGYM_REGISTRY_CACHE", str(folder))
+        patch.delenv("MLGYM_ROOT", raising=False)
+        yield folder
+
+
+@pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """``transformers serve`` over the tiny model (``TinyServer`` of ``test_openai_policy``), one per test module."""
     pytest.importorskip("fastapi")

@@ -12,16 +12,6 @@ from mlgym_registry.specs import load_task_yaml
 from mlgym_registry.tasks.suite import TASKS_DIR
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """Generated task data goes to a private cache folder for this module."""
-    folder = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLGYM_REGISTRY_CACHE", str(folder))
-        patch.delenv("MLGYM_ROOT", raising=False)
-        yield folder
-
-
 def test_write_baseline_replaces_only_the_block(tmp_path):
     path = tmp_path / "task.yaml"
     source = (TASKS_DIR / "houseRegression.yaml").read_text()
@@ -33,7 +23,7 @@ def test_write_baseline_replaces_only_the_block(tmp_path):
     assert updated.startswith(before) and updated.endswith(after)
 
 
-def test_baselines_script_runs_the_starter_code(cache, capsys):
+def test_baselines_script_runs_the_starter_code(task_cache, capsys):
     assert baselines.main(["--seeds", "2", "prisonersDilemma", "houseRegression"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("prisonersDilemma: Score 2.3") and "over 2 seeds" in out[0]

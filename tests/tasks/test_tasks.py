@@ -23,17 +23,7 @@ HEAVY_MODULES = ("numpy", "torch", "torchrl", "tensordict")
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """Generated task data goes to a private cache folder for this module."""
-    folder = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLGYM_REGISTRY_CACHE", str(folder))
-        patch.delenv("MLGYM_ROOT", raising=False)
-        yield folder
-
-
-@pytest.fixture(scope="module")
-def reg(cache):
+def reg(task_cache):
     return Registry()
 
 
@@ -204,10 +194,10 @@ def test_game_strategy_cannot_rewrite_the_shared_history(reg, tmp_path):
 # -- the CSV-submission task -------------------------------------------------------------------------------------
 
 
-def test_house_data_is_generated_once_into_the_cache(reg, cache):
+def test_house_data_is_generated_once_into_the_cache(reg, task_cache):
     spec = reg.spec("houseRegression")
     folder = Path(spec.datasets[0]["data_path"])
-    assert folder.is_relative_to(cache) and spec.datasets[0]["is_local"]
+    assert folder.is_relative_to(task_cache) and spec.datasets[0]["is_local"]
     names = {"train.csv", "validation.csv", "test.csv", "answer.csv", "sample_submission.csv"}
     assert {p.name for p in folder.iterdir()} == names
     assert Path(spec.sample_submission).parent == folder
