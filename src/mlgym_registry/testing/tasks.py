@@ -46,7 +46,7 @@ class TaskCheck:
 
 
 def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: bool = True,
-               budget: float | None = None) -> TaskCheck:
+               budget: float | None = None, backend_options: dict[str, Any] | None = None) -> TaskCheck:
     """Check a task for suite maintainers: it loads, its files exist, its evaluator runs on the starter code and
     prints its metrics, and its recorded baseline matches fresh runs within the evaluator's own noise.
 
@@ -59,6 +59,7 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
     A difference whose cause the task states (``baseline_note``) is listed in ``known_differences``, not a problem.
     ``budget``: the seconds each run's baseline program may take (default the task's ``training_timeout``); one that
     does not finish in it is a problem, never scored, and a budget below ``training_timeout`` is warned about.
+    ``backend_options``: the local backend's options for each run (``python=``, ``data_dir=``, ...).
     """
     spec = _load_task(task)
     report = TaskCheck(spec)
@@ -87,7 +88,8 @@ def check_task(task: TaskSpec | str | Path, *, runs: int = 3, raise_on_failure: 
             "(the task's training_timeout, MLGym's limit): one cut short is reported as a problem, never scored")
     for seed in range(runs):
         try:
-            report.runs.append(EvaluationRun(seed, run_evaluator(spec, seed=seed, timeout=budget)))
+            report.runs.append(EvaluationRun(seed, run_evaluator(spec, seed=seed, timeout=budget,
+                                                                  backend_options=backend_options)))
         except MLGymRegistryError as exc:
             report.problems.append(str(exc))
             return _conclude(report, raise_on_failure)
