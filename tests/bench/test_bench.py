@@ -5,7 +5,9 @@ No timing threshold here: the ratios depend on the machine and its load; the ben
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import json
 import math
 import re
 import sys
@@ -64,6 +66,26 @@ def test_evaluation_bench_quick_prints_each_ratio_with_its_target(capsys):
         assert re.search(r"mlgym/prisonersDilemma .*\(target <= 3: (met|NOT met)\)", out)
     else:
         assert "MLGYM_ROOT does not point at an MLGym checkout" in out
+    assert "done in" in out
+
+
+PATHS_BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_evaluation_paths.py"
+
+
+@pytest.mark.slow
+def test_evaluation_paths_bench_quick_prints_reset_and_validate_ratios_of_the_rl_and_hub_paths(capsys):
+    ratios = load_bench_file(PATHS_BENCH).main(["--quick"])
+    out = capsys.readouterr().out
+
+    assert all(math.isfinite(v) and v > 0 for v in ratios.values())
+    paths = ["rl"] + (["hub"] if importlib.util.find_spec("datasets") else [])
+    for path in paths:
+        assert {f"{path}_validate", f"{path}_reset"} <= set(ratios)
+        assert re.search(rf"{path} +validate +[\d.]+ s +plain evaluate\.py +[\d.]+ s +ratio +[\d.]+", out)
+        assert re.search(rf"{path} +reset +[\d.]+ s +plain copy of the workspace +[\d.]+ s +ratio +[\d.]+", out)
+    # both sides score the same episodes: the same numbers
+    score = re.search(r"rl +validate .*score (\{.*\}) \(plain: (\{.*\})\)", out)
+    assert json.loads(score.group(2)) == ast.literal_eval(score.group(1))
     assert "done in" in out
 
 
