@@ -68,6 +68,43 @@ def test_a_process_pool_hands_over_the_same_conversations_as_the_envs_in_process
             env.close()
 
 
+@pytest.mark.parametrize("consolidate", [False, True])
+def test_a_parallel_env_hands_over_the_same_conversations_as_the_envs_in_process(consolidate):
+    factories = [WithParentEnviron(EnvFactory.from_spec(TASK, max_turns=turns)) for turns in MAX_TURNS]
+    local = [factory() for factory in factories]
+    with warm_workers():
+        from torchrl.envs import ParallelEnv
+
+        parallel = ParallelEnv(len(factories), factories, consolidate=consolidate)
+        batched = parallel.reset()
+    try:
+        local_tds = [env.reset() for env in local]
+        for round_ in range(ROUNDS):
+            batched["text", "response"] = [[reply(round_)]] * len(MAX_TURNS)
+            _, batched = parallel.step_and_maybe_reset(batched)
+            for index, env in enumerate(local):
+                local_tds[index]["text", "response"] = reply(round_)
+                _, local_tds[index] = env.step_and_maybe_reset(local_tds[index])
+            expected = [as_dicts(td["history"].prompt) for td in local_tds]
+            assert conversations(batched) == expected, f"round {round_}"
+        # what the ParallelEnv returned pickles whole, for a user's own pickle or queue
+        assert as_dicts(pickle.loads(pickle.dumps(batched[1]))["history"].prompt) == expected[1]
+        queue = multiprocessing.Queue()
+        queue.put(batched[0])
+        assert as_dicts(queue.get(timeout=30)["history"].prompt) == expected[0]
+    finally:
+        parallel.close()
+        for env in local:
+            env.close()
+
+
+def test_a_conversation_sent_over_a_parallel_env_pipe_is_rebuilt_only_there():
+    from mlgym_registry.transforms.pool_wire import _from_pipe
+
+    with pytest.raises(WireOutOfStep, match="can be rebuilt only by TorchRL receiving it from that pipe"):
+        _from_pipe("pipe 1:x", ("conversation", 0, -1, 0, [], (0, (0,), None, None)))
+
+
 def conversation(count: int, start: int = 0) -> list:
     return [message("user" if index % 2 else "assistant", f"message {index} " + "x" * 200)
             for index in range(start, start + count)]

@@ -140,6 +140,12 @@ class ParallelOutput(TensorDict):
     (both pickling and consolidation keep it) and the parent's stacking of its workers' outputs.
     """
 
+    def _clone(self, recurse: bool = True) -> ParallelOutput:
+        # TorchRL's ParallelEnv clones what came off a worker's pipe (to keep the worker's last output): the messages,
+        # written once and never changed, are shared rather than copied one by one
+        with messages_shared_in_clones():
+            return _recast(super()._clone(recurse), ParallelOutput)
+
     def where(self, condition: torch.Tensor, other: Any, *, out: TensorDictBase | None = None, pad: Any = None,
               update_batch_size: bool = False) -> TensorDictBase:
         """tensordict's ``where``, except that one choice per env (the condition's first dim) takes whole envs."""
