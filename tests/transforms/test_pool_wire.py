@@ -98,13 +98,6 @@ def test_a_parallel_env_hands_over_the_same_conversations_as_the_envs_in_process
             env.close()
 
 
-def test_a_conversation_sent_over_a_parallel_env_pipe_is_rebuilt_only_there():
-    from mlgym_registry.transforms.pool_wire import _from_pipe
-
-    with pytest.raises(WireOutOfStep, match="can be rebuilt only by TorchRL receiving it from that pipe"):
-        _from_pipe("pipe 1:x", ("conversation", 0, -1, 0, [], (0, (0,), None, None)))
-
-
 def conversation(count: int, start: int = 0) -> list:
     return [message("user" if index % 2 else "assistant", f"message {index} " + "x" * 200)
             for index in range(start, start + count)]

@@ -83,14 +83,6 @@ class MessageStack(LazyStackedTensorDict):
             out = getattr(out, "_tensordict", out)
         return super()._apply_nest(*args, out=out, **kwargs)
 
-    def __reduce_ex__(self, protocol: int) -> Any:
-        # a ParallelEnv's pipe carries only the messages its other end lacks (pool_wire.pipe_reduce); anything else
-        # pickles the stack whole
-        from .pool_wire import pipe_reduce
-
-        reduced = pipe_reduce(self)
-        return reduced if reduced is not None else super().__reduce_ex__(protocol)
-
     def extended(self, messages: list[TensorDict]) -> MessageStack:
         """A new stack: these messages followed by ``messages`` (shared, not copied)."""
         keys = set(self._key_list())

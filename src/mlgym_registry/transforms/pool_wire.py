@@ -17,17 +17,6 @@ Only what a pool's own queue carries between an env's worker and the trainer is 
 worker, an output of an env that lives there, put on a queue; in the trainer, an output put on the input queue of the
 pool worker that hosts its env. A ``copy.deepcopy``, a ``torch.save``, a user's own ``pickle.dumps`` or a queue of the
 user's carries a plain, self-contained pickle and leaves the lists alone.
-
-TorchRL's ``ParallelEnv`` (its envs' specs are dynamic, so no shared buffers) sends each worker its env's part of the
-batch over a ``multiprocessing`` pipe and gets the env's output back over the same pipe, both pickled in the calling
-thread. A conversation stack pickled there (``pipe_reduce``: the pickling is ``Connection.send``'s, called by one of
-TorchRL's own functions that talk to a worker over its pipe) crosses the same way, one stack at a time, each end
-keeping the lists of its end of that pipe (``pipe_token``); the receiving end rebuilds it only inside
-``Connection.recv`` called by those same functions, and refuses anywhere else. Whatever a batch sent over a pipe
-holds, each stack in it is rebuilt from what crossed that pipe before, so a stack that is not the worker's env's
-crosses whole. Only a conversation that is still the stack that crossed saves anything: the parent stacks its
-workers' outputs with tensordict's ``maybe_dense_stack``, which restacks conversations of equal length (always, with
-one env) message by message into new objects, and those then cross whole, as before (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -41,8 +30,6 @@ import uuid
 import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from multiprocessing import connection as mp_connection
-from multiprocessing import reduction as mp_reduction
 from typing import Any
 
 import torch
@@ -228,69 +215,3 @@ def _stack_of(messages: list[Any], stack_dim: int, batch_size: tuple[int, ...], 
     if dim_name is not None:
         stack._td_dim_name = dim_name
     return stack
-
-
-# -- ParallelEnv pipes -------------------------------------------------------------------------------------------------
-_PIPE_FUNCTIONS = frozenset({
-    "_step_no_buffers", "_reset_no_buffers", "_step_and_maybe_reset_no_buffers",  # the parent, one pipe per worker
-    "_run_worker_pipe_direct",  # a worker, its one pipe to the parent
-})
-"""TorchRL's functions (``torchrl/envs/batched_envs.py``) that send an env's data over a ``ParallelEnv`` worker's pipe
-and receive what comes back, when the envs' specs are dynamic (no shared buffers)."""
-
-_PIPE_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""This process's end of each ``ParallelEnv`` pipe that carried a conversation, and the name its lists are kept
-under."""
-
-
-def pipe_token(connection: Any) -> str:
-    """The name this process keeps the lists exchanged over ``connection`` (one end of a worker's pipe) under."""
-    token = _PIPE_TOKENS.get(connection)
-    if token is None:
-        token = _PIPE_TOKENS[connection] = f"pipe {new_token()}"
-    return token
-
-
-def _torchrl_pipe(frame: Any, function: str, module: Any) -> Any:
-    """The connection whose ``function`` (``send`` or ``recv``) ``frame`` runs, when TorchRL's pipe functions called
-    it; else None. Only the connection's own frame is read (its ``self``)."""
-    if frame is None or frame.f_code.co_name != function or frame.f_code.co_filename != mp_connection.__file__:
-        return None
-    caller = frame.f_back
-    if caller is None or caller.f_code.co_filename != module.__file__ or caller.f_code.co_name not in _PIPE_FUNCTIONS:
-        return None
-    connection = frame.f_locals.get("self")
-    return connection if isinstance(connection, mp_connection.Connection) else None
-
-
-def pipe_reduce(stack: Any) -> tuple | None:
-    """How ``stack`` (a conversation stack whose ``__reduce_ex__`` calls this) is pickled for a ``ParallelEnv`` pipe:
-    ``(rebuild, args)`` carrying the messages the other end lacks, when the pickling under way is
-    ``Connection.send``'s, called by TorchRL's pipe functions; else None (a plain pickle)."""
-    module = sys.modules.get("torchrl.envs.batched_envs")
-    messages = _messages_of(stack)
-    if module is None or messages is None:
-        return None
-    dumps = sys._getframe(2)  # pipe_reduce, __reduce_ex__, then what pickles (the pickler itself is C)
-    if dumps.f_code.co_name != "dumps" or dumps.f_code.co_filename != mp_reduction.__file__:
-        return None
-    connection = _torchrl_pipe(dumps.f_back, "send", module)
-    if connection is None:
-        return None
-    token = pipe_token(connection)
-    with WIRE._lock:
-        return _from_pipe, (token, _encoded(WIRE.known(token), stack, messages))
-
-
-def _from_pipe(sender: str, pid: tuple) -> MessageStack:
-    """The conversation stack ``pipe_reduce`` sent, rebuilt inside ``Connection.recv`` on the other end of that
-    ``ParallelEnv`` pipe from the lists kept for it; anywhere else it cannot be rebuilt and says so."""
-    module = sys.modules.get("torchrl.envs.batched_envs")
-    connection = None if module is None else _torchrl_pipe(sys._getframe(1), "recv", module)
-    if connection is None:
-        raise WireOutOfStep(
-            f"a conversation sent over a ParallelEnv pipe ({sender}) holds only the messages the other end lacked, "
-            "and can be rebuilt only by TorchRL receiving it from that pipe")
-    token = pipe_token(connection)
-    with WIRE._lock:
-        return _decoded(WIRE.known(token), pid, f"{token} (sent by {sender})")
