@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor
 from torchrl.data.llm import History
 
@@ -95,18 +95,43 @@ class MessageStack(LazyStackedTensorDict):
         history processor's view that keeps some of them and replaces others by messages built the same way."""
         return self._share(list(messages), self._message_keys)
 
-    def _share(self, messages: list[TensorDict], keys: tuple[str, ...] | None) -> MessageStack:
+    def _unbind(self, dim: int) -> tuple[TensorDictBase, ...]:
+        # TorchRL's pools view their batch of envs as one dim (AsyncEnvPool's ``view(-1)`` at every send), which
+        # unbinds each conversation along a batch dim, message by message: each message's parts are made once and
+        # kept with it (messages are never changed), so a turn costs a list, not a rebuilt conversation
+        dim = dim + self.batch_dims if dim < 0 else dim
+        if dim == self.stack_dim:
+            return super()._unbind(dim)
+        inner = dim if dim < self.stack_dim else dim - 1
+        parts = [_unbound(message, inner) for message in self.tensordicts]
+        stack_dim = self.stack_dim - 1 if dim < self.stack_dim else self.stack_dim
+        batch_size = torch.Size([size for index, size in enumerate(self._batch_size) if index != dim])
+        return tuple(self._share([part[index] for part in parts], self._message_keys, stack_dim, batch_size)
+                     for index in range(self._batch_size[dim]))
+
+    def _share(self, messages: list[TensorDict], keys: tuple[str, ...] | None, stack_dim: int | None = None,
+               batch_size: torch.Size | None = None) -> MessageStack:
         new = type(self).__new__(type(self))
         new._is_locked = None
         new.tensordicts = messages
-        new.stack_dim = dim = self.stack_dim
-        new._batch_size = torch.Size([*self._batch_size[:dim], len(messages), *self._batch_size[dim + 1:]])
+        new.stack_dim = dim = self.stack_dim if stack_dim is None else stack_dim
+        new._batch_size = batch_size if batch_size is not None else torch.Size(
+            [*self._batch_size[:dim], len(messages), *self._batch_size[dim + 1:]])
         new.hook_out = self.hook_out
         new.hook_in = self.hook_in
         new._message_keys = keys
         if self._td_dim_name is not None:
             new._td_dim_name = self._td_dim_name
         return new
+
+
+def _unbound(message: TensorDictBase, dim: int) -> tuple[TensorDictBase, ...]:
+    """``message.unbind(dim)``, made once per message and dim and kept with the message."""
+    kept = message.__dict__.setdefault("_mlgym_unbound", {})
+    parts = kept.get(dim)
+    if parts is None:
+        parts = kept[dim] = message.unbind(dim)
+    return parts
 
 
 def history_from(messages: list[TensorDict], stack_dim: int = 0) -> History:

@@ -32,6 +32,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy
 import torch
 from tensordict import TensorDictBase
 
@@ -155,8 +156,25 @@ class _Encoder(pickle.Pickler):
         self._known = known
 
     def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is torch.Tensor:
+            return _tensor_bytes(obj)
         messages = _messages_of(obj)
         return None if messages is None else _encoded(self._known, obj, messages)
+
+
+_RAW_DTYPES = {dtype: str(dtype).removeprefix("torch.") for dtype in (
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
+    torch.float64)}
+"""The dtypes a tensor crosses as its raw bytes in (numpy reads them back under the same name)."""
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> tuple | None:
+    """A plain CPU tensor as (its dtype, shape, raw bytes): torch's own pickling saves each storage as a small file,
+    which cost a dozen of those (about 0.1 ms each) for every output's done flags and rewards; else None."""
+    name = _RAW_DTYPES.get(tensor.dtype)
+    if name is None or tensor.device.type != "cpu" or tensor.requires_grad:
+        return None
+    return ("tensor", name, tuple(tensor.shape), tensor.contiguous().numpy().tobytes())
 
 
 def _encoded(known: _Known, stack: MessageStack, messages: list[Any]) -> tuple:
@@ -197,6 +215,9 @@ class _Decoder(pickle.Unpickler):
         self._token = token
 
     def persistent_load(self, pid: Any) -> Any:
+        if pid[0] == "tensor":
+            _, name, shape, raw = pid
+            return torch.from_numpy(numpy.frombuffer(bytearray(raw), dtype=name).reshape(shape))
         return _decoded(self._known, pid, self._token)
 
 

@@ -53,8 +53,12 @@ class PoolOutput(TensorDict):
         return super().__torch_function__(func, types, args, kwargs)
 
     def _clone(self, recurse: bool = True) -> PoolOutput:
-        # TorchRL's multiprocessing pool clones what came off its queue (to own its tensors' memory): the messages,
-        # written once and never changed, are shared rather than copied one by one, and the env's name is kept
+        # TorchRL's multiprocessing pool clones what came off its queue (to own its tensors' memory), then drops what
+        # it cloned: an output just rebuilt from the wire already owns its memory, and nothing else holds it, so its
+        # first clone is shallow; the messages, written once and never changed, are shared rather than copied one by
+        # one; the env's name is kept
+        if self.__dict__.pop("_mlgym_fresh", False):
+            recurse = False
         with messages_shared_in_clones():
             result = _recast(super()._clone(recurse), PoolOutput)
         result._mlgym_env = self._mlgym_env
@@ -71,6 +75,7 @@ def _from_wire(token: str, payload: bytes) -> PoolOutput:
     """The ``PoolOutput`` that ``PoolOutput.__reduce_ex__`` sent over a pool's queue."""
     output = PoolOutput.__new__(PoolOutput)
     output.__setstate__(pool_wire.WIRE.decode(token, payload))
+    output._mlgym_fresh = True  # its tensors were made by the decoding and are held by nothing else
     return output
 
 
