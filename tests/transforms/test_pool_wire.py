@@ -128,3 +128,22 @@ def test_an_end_that_went_out_of_step_says_so():
     payload = sender.encode("env", {"prompt": history._tensordict})
     with pytest.raises(WireOutOfStep, match="sent to another env's worker, or one end missed a message"):
         receiver.decode("env", payload)
+
+
+def test_a_conversation_unbound_along_its_batch_dim_holds_the_same_messages():
+    """What a pool's ``view(-1)`` does to each env's conversation (shape ``(1, n)``): one conversation of the same
+    messages, every time, and the same as a plain lazy stack gives."""
+    from tensordict import lazy_stack
+
+    messages = [message("user", f"message {index}").unsqueeze(0) for index in range(5)]
+    history = history_from(messages, stack_dim=1)
+    plain = lazy_stack([item.clone() for item in messages], dim=1)
+    for _ in range(2):
+        (ours,) = history._tensordict.unbind(0)
+        (theirs,) = plain.unbind(0)
+        assert ours.batch_size == theirs.batch_size == (5,)
+        assert [ours[index]["content"] for index in range(5)] == [theirs[index]["content"] for index in range(5)]
+    longer = extend_history(history, [message("assistant", "an answer").unsqueeze(0)])
+    (unbound,) = longer._tensordict.unbind(0)
+    assert as_dicts(history_from(list(unbound.tensordicts)))[-1] == {"role": "assistant", "content": "an answer"}
+    assert history._tensordict.view(-1).batch_size == (5,)
