@@ -54,11 +54,11 @@ class PoolOutput(TensorDict):
 
     def _clone(self, recurse: bool = True) -> PoolOutput:
         # TorchRL's multiprocessing pool clones what came off its queue (to own its tensors' memory), then drops what
-        # it cloned: an output just rebuilt from the wire already owns its memory, and nothing else holds it, so its
-        # first clone is shallow; the messages, written once and never changed, are shared rather than copied one by
-        # one; the env's name is kept
+        # it cloned: an output just rebuilt from the wire already owns its memory, and nothing else holds it, so that
+        # first clone is the output itself; other clones share the messages (written once and never changed) rather
+        # than copy them one by one, and keep the env's name
         if self.__dict__.pop("_mlgym_fresh", False):
-            recurse = False
+            return self
         with messages_shared_in_clones():
             result = _recast(super()._clone(recurse), PoolOutput)
         result._mlgym_env = self._mlgym_env
