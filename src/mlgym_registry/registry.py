@@ -401,15 +401,16 @@ class Registry:
                        label=self.prepare_label(spec))
 
     def spec_to_prepare(self, task: TaskSpec | str | os.PathLike[str]) -> TaskSpec:
-        """``task`` as ``prepare`` takes it: a ``TaskSpec`` as is, a task YAML file loaded (MLGym's way in an MLGym
-        checkout), else a registered task name looked up."""
+        """``task`` as ``prepare`` takes it: a ``TaskSpec`` as is, else ``spec``'s task (a registered name, or a task
+        YAML file read by the task kind's path loader); a file's task is then named as the registry names it
+        (``prepare_label``), not by the file."""
         if isinstance(task, TaskSpec):
             return task
-        if isinstance(task, os.PathLike) or str(task).endswith((".yaml", ".yml")):
-            from .tasks.mlgym_source import load_task_file
-
-            return load_task_file(task)
-        return self.spec(str(task))
+        name = os.fspath(task)
+        spec = self.spec(name)
+        if name not in self._entries["task"]:
+            spec.registered_as = None
+        return spec
 
     def prepare_label(self, spec: TaskSpec) -> str:
         """How a user names ``spec`` to ``prepare``: the name the registry was asked for (``registered_as``), else the
