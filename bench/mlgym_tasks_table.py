@@ -208,18 +208,19 @@ def task_row(path: Path, name: str | None, root: Path, options: Options, registr
         if found:
             row.baseline = row.published = "not run: blocked"
         else:
-            _check(row, target, options, backend_options, times, root)
+            _check(row, spec, options, backend_options, times, root)
     row.seconds = ", ".join(times) or "-"
     return row
 
 
-def _check(row: Row, target: str, options: Options, backend_options: dict[str, str], times: list[str],
+def _check(row: Row, spec: Any, options: Options, backend_options: dict[str, str], times: list[str],
            root: Path) -> None:
-    """``check_task``'s baseline runs into the row's *baseline*, *vs published* and time cells."""
+    """``check_task``'s baseline runs of ``spec`` (the task as the table's registry gave it) into the row's
+    *baseline*, *vs published* and time cells."""
     from mlgym_registry.testing import check_task
 
     started = time.perf_counter()
-    report = check_task(target, runs=options.runs, raise_on_failure=False, budget=options.budget,
+    report = check_task(spec, runs=options.runs, raise_on_failure=False, budget=options.budget,
                         backend_options=backend_options)
     budget = f" (budget {options.budget:.0f} s)" if options.budget else ""
     times.append(f"check {time.perf_counter() - started:.0f} s for {options.runs} run(s){budget}")
