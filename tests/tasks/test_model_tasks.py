@@ -82,6 +82,14 @@ def validate(backend: LocalBackend) -> tuple[str, dict | None]:
     return str(observation), (dict(scores[-1]) if info.get(EVALUATION_STATUS_KEY) == "ok" else None)
 
 
+@pytest.fixture(autouse=True)
+def no_data_folders(tmp_path, monkeypatch):
+    """Data folders are searched before a task's own folder: this machine's default one (where a prepared task's
+    data lies under data/...) must not stand in for these tasks' data/."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLGYM_REGISTRY_DATA", raising=False)
+
+
 @pytest.fixture
 def backend(tmp_path):
     env = LocalBackend(model_task(tmp_path), seed=0)
