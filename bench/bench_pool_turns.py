@@ -28,17 +28,22 @@ RESPONSE = "DISCUSSION\nSay hi.\n```\necho hi\n```"
 DRIVERS = ("inprocess", "pool", "parallel", "parallel-noconsolidate")
 
 
+def timed_turns(td, step: Callable, response, turns: int) -> list[float]:
+    """Seconds of each of ``turns`` calls of ``step`` (one turn: ``td`` in, the next turn's ``td`` out), with the
+    reply ``response`` set before each."""
+    times = []
+    for _ in range(turns):
+        td["text", "response"] = response
+        start = time.perf_counter()
+        td = step(td)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def time_in_process(factory: Callable, turns: int) -> list[float]:
     env = factory()
     try:
-        td = env.reset()
-        times = []
-        for _ in range(turns):
-            td["text", "response"] = RESPONSE
-            start = time.perf_counter()
-            _, td = env.step_and_maybe_reset(td)
-            times.append(time.perf_counter() - start)
-        return times
+        return timed_turns(env.reset(), lambda td: env.step_and_maybe_reset(td)[1], RESPONSE, turns)
     finally:
         env.close()
 
@@ -50,16 +55,13 @@ def time_pool(factory: Callable, turns: int) -> list[float]:
 
     with warm_workers():
         pool = AsyncEnvPool([factory], backend="multiprocessing", exchange="queue")
+
+    def step(td):
+        pool.async_step_and_maybe_reset_send(td)
+        return pool.async_step_and_maybe_reset_recv(min_get=1)[1]
+
     try:
-        td = pool.reset()
-        times = []
-        for _ in range(turns):
-            td["text", "response"] = [[RESPONSE]]
-            start = time.perf_counter()
-            pool.async_step_and_maybe_reset_send(td)
-            _, td = pool.async_step_and_maybe_reset_recv(min_get=1)
-            times.append(time.perf_counter() - start)
-        return times
+        return timed_turns(pool.reset(), step, [[RESPONSE]], turns)
     finally:
         pool.close()
 
@@ -73,13 +75,7 @@ def time_parallel(factory: Callable, turns: int, consolidate: bool) -> list[floa
         env = ParallelEnv(1, factory, consolidate=consolidate)
         td = env.reset()
     try:
-        times = []
-        for _ in range(turns):
-            td["text", "response"] = [[RESPONSE]]
-            start = time.perf_counter()
-            _, td = env.step_and_maybe_reset(td)
-            times.append(time.perf_counter() - start)
-        return times
+        return timed_turns(td, lambda td: env.step_and_maybe_reset(td)[1], [[RESPONSE]], turns)
     finally:
         env.close()
 

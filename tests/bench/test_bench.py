@@ -123,3 +123,19 @@ def test_env_drivers_bench_quick_prints_a_row_for_every_driver(capsys):
         else:
             assert rows[0].endswith("| - (reference) |")
     assert "done in" in out
+
+
+POOL_TURNS_BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_pool_turns.py"
+
+
+@pytest.mark.slow
+def test_pool_turns_bench_prints_each_drivers_early_and_late_turn(capsys):
+    spec = importlib.util.spec_from_file_location("bench_pool_turns", POOL_TURNS_BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ratios = module.main(["--turns", "8", "--window", "3", "--drivers", "inprocess,pool"])
+    out = capsys.readouterr().out
+
+    assert set(ratios) == {"inprocess", "pool"} and all(math.isfinite(v) and v > 0 for v in ratios.values())
+    assert re.search(r"pool +early turn +[\d.]+ ms, late turn +[\d.]+ ms, late/early [\d.]+", out)
+    assert re.search(r"multiprocessing pool late/early [\d.]+, target <= 1\.3 \(flat\): (met|NOT met)", out)
