@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import secrets
 import signal
@@ -40,6 +41,16 @@ def fresh_registry():
     reg = Registry()
     reg.names("task")
     return reg
+
+
+def load_bench_script(name: str):
+    """The script ``bench/<name>`` as a module, registered in ``sys.modules`` (where its dataclasses look)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / name
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def recorded_results(traj: Path) -> Path | None:

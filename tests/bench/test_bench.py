@@ -10,25 +10,14 @@ import importlib.util
 import json
 import math
 import re
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_training.py"
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_training", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_bench_script
 
 
 @pytest.mark.slow
 def test_training_bench_quick_prints_every_ratio(capsys):
-    ratios = load_bench().main(["--quick"])
+    ratios = load_bench_script("bench_training.py").main(["--quick"])
     out = capsys.readouterr().out
 
     assert set(ratios) >= {"vs_chat_20", "vs_chat_60", "flat_ours", "flat_ours-text", "tokens_vs_history",
@@ -48,15 +37,9 @@ def test_training_bench_quick_prints_every_ratio(capsys):
     assert "done in" in out
 
 
-EVALUATION_BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_evaluation.py"
-
-
 @pytest.mark.slow
 def test_evaluation_bench_quick_prints_each_ratio_with_its_target(capsys):
-    spec = importlib.util.spec_from_file_location("bench_evaluation", EVALUATION_BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    ratios = module.main(["--quick"])
+    ratios = load_bench_script("bench_evaluation.py").main(["--quick"])
     out = capsys.readouterr().out
 
     assert "prisonersDilemma" in ratios and all(math.isfinite(v) and v > 0 for v in ratios.values())
@@ -69,12 +52,9 @@ def test_evaluation_bench_quick_prints_each_ratio_with_its_target(capsys):
     assert "done in" in out
 
 
-PATHS_BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_evaluation_paths.py"
-
-
 @pytest.mark.slow
 def test_evaluation_paths_bench_quick_prints_reset_and_validate_ratios_of_the_rl_and_hub_paths(capsys):
-    ratios = load_bench_file(PATHS_BENCH).main(["--quick"])
+    ratios = load_bench_script("bench_evaluation_paths.py").main(["--quick"])
     out = capsys.readouterr().out
 
     assert all(math.isfinite(v) and v > 0 for v in ratios.values())
@@ -89,21 +69,9 @@ def test_evaluation_paths_bench_quick_prints_reset_and_validate_ratios_of_the_rl
     assert "done in" in out
 
 
-DRIVERS_BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_env_drivers.py"
-
-
-def load_bench_file(path: Path):
-    """The bench script at ``path`` as a module (registered in ``sys.modules``, where its dataclasses look)."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_env_drivers_bench_quick_prints_a_row_for_every_driver(capsys):
-    module = load_bench_file(DRIVERS_BENCH)
+    module = load_bench_script("bench_env_drivers.py")
     results = module.main(["--quick", "--widths", "1,2"])
     out = capsys.readouterr().out
 
@@ -125,15 +93,10 @@ def test_env_drivers_bench_quick_prints_a_row_for_every_driver(capsys):
     assert "done in" in out
 
 
-POOL_TURNS_BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_pool_turns.py"
-
-
 @pytest.mark.slow
 def test_pool_turns_bench_prints_each_drivers_early_and_late_turn(capsys):
-    spec = importlib.util.spec_from_file_location("bench_pool_turns", POOL_TURNS_BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    ratios = module.main(["--turns", "8", "--window", "3", "--drivers", "inprocess,pool"])
+    bench = load_bench_script("bench_pool_turns.py")
+    ratios = bench.main(["--turns", "8", "--window", "3", "--drivers", "inprocess,pool"])
     out = capsys.readouterr().out
 
     assert set(ratios) == {"inprocess", "pool"} and all(math.isfinite(v) and v > 0 for v in ratios.values())

@@ -3,25 +3,17 @@ tests' stand-in MLGym checkout, plus a file reusing its id, one MLGym cannot run
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
-from conftest import fresh_registry, write
+from conftest import fresh_registry, load_bench_script, write
 from standin import write_standin_mlgym
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "mlgym_tasks_table.py"
 
 
 @pytest.fixture
 def table_script():
-    spec = importlib.util.spec_from_file_location("mlgym_tasks_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("mlgym_tasks_table.py")
 
 
 @pytest.fixture
