@@ -20,13 +20,16 @@ answers requests concurrently).
 Figures per driver and N:
 
 - turns/s while playing, and its ratio to the driver's own figure at the smallest N. The in-process drivers play
-  ``max(3, --min-rounds, ceil(--turns / N))`` timed rounds of N turns after an untimed first round and a warm-up
-  round (no episode ends: ``max_steps`` is 10**6), in 3 blocks of which the fastest is kept; each child first builds,
+  ``max(5, --min-rounds, ceil(--turns / N))`` timed rounds of N turns after an untimed first round and a warm-up
+  round (no episode ends: ``max_steps`` is 10**6), so that every N's conversations reach the same length, in 5
+  blocks whose median is kept (its range is printed on the progress line); each child first builds,
   plays and closes one env untimed. The command plays N episodes of K = ``--cli-steps`` steps (each ends with the
-  autosubmission's evaluation); its turns are the steps its ``.traj`` files recorded, its rate is (turns - 1) over
-  the time from the first recorded step to the last ``.traj`` write (net of start-up and exit); its rate over its
-  whole wall time is printed on its progress line. Lost steps (episodes recording fewer steps than the others, a
-  ``"failed"`` results.json, a non-zero exit) are reported in its row.
+  autosubmission's evaluation); its records are read every quarter second, and its rate is the steps recorded
+  while every env was playing (from the first read at which each episode had a step to the first at which one had
+  all of its steps: the envs start one after another, and the first to end leave the cores to the rest); where no
+  such time was seen, (turns - 1) over the time from the first recorded step to the last ``.traj`` write. Its rate
+  over its whole wall time is printed on its progress line. Lost steps (episodes recording fewer steps than the
+  others, a ``"failed"`` results.json, a non-zero exit) are reported in its row.
 - memory: the proportional set size (PSS, ``/proc/PID/smaps_rollup``) summed over the driver's process tree. In-process
   drivers: the tree of the process that drives them (its worker processes, sandboxes and shells included) after the
   timed rounds, less the same tree before the envs were built (imports and fork server already there), per env. A
@@ -120,6 +123,8 @@ class Cell:
     pss_mib: float | None = None
     note: str = ""
     command_seconds: float | None = None
+    block_rates: list[float] | None = None
+    window: str | None = None
 
     @property
     def rate(self) -> float | None:
@@ -260,27 +265,26 @@ STEPPERS: dict[str, type[Stepper]] = {"loop": LoopStepper, "threads": PoolSteppe
 
 
 def rounds_for(width: int, turns: int, min_rounds: int) -> int:
-    """Timed rounds for N envs: about ``turns`` turns in all, and at least ``min_rounds`` (and 3) rounds."""
-    return max(3, min_rounds, math.ceil(turns / width))
+    """Timed rounds for N envs: about ``turns`` turns in all, and at least ``min_rounds`` (and ``BLOCKS``) rounds."""
+    return max(BLOCKS, min_rounds, math.ceil(turns / width))
 
 
-BLOCKS = 3
-"""The timed rounds are played in this many blocks, and the fastest block is kept: a burst of other work on the
-machine slows a block down, never speeds one up."""
+BLOCKS = 5
+"""The timed rounds are played in this many blocks, and the median block is kept: a burst of other work on the
+machine slows a block down, never speeds one up, and the median is not pulled by one burst. (The fastest block was
+kept before: that favoured the small widths, whose blocks are shorter and so likelier to fit between two bursts.)"""
 
 
-def timed_blocks(stepper: Stepper, rounds: int) -> tuple[int, float]:
-    """Play ``rounds`` rounds in ``BLOCKS`` blocks; the fastest block's (turns, seconds)."""
-    best: tuple[int, float] | None = None
-    for block in range(min(BLOCKS, rounds)):
-        count = rounds // BLOCKS + (block < rounds % BLOCKS) if rounds >= BLOCKS else 1
+def timed_blocks(stepper: Stepper, rounds: int) -> list[tuple[int, float]]:
+    """Play ``rounds`` rounds in ``BLOCKS`` blocks; every block's (turns, seconds)."""
+    blocks = []
+    for block in range(BLOCKS):
+        count = rounds // BLOCKS + (block < rounds % BLOCKS)
         started = time.perf_counter()
         for _ in range(count):
             stepper.round()
-        seconds = time.perf_counter() - started
-        if best is None or count / seconds > best[0] / best[1]:
-            best = (count, seconds)
-    return best[0] * stepper.width, best[1]
+        blocks.append((count * stepper.width, time.perf_counter() - started))
+    return blocks
 
 
 def measure_cell(driver: str, task: str, width: int, turns: int, min_rounds: int, delay: float,
@@ -300,11 +304,13 @@ def measure_cell(driver: str, task: str, width: int, turns: int, min_rounds: int
         if not timed:
             return Cell(driver, width, first_turn=first_turn)
         stepper.round()  # warm-up
-        played, seconds = timed_blocks(stepper, rounds_for(width, turns, min_rounds))
+        blocks = timed_blocks(stepper, rounds_for(width, turns, min_rounds))
         pss = tree_pss(own_tree()) - before
     finally:
         stepper.close()
-    return Cell(driver, width, played, seconds, first_turn, pss / MIB)
+    played, seconds = sorted(blocks, key=lambda block: block[0] / block[1])[len(blocks) // 2]
+    return Cell(driver, width, played, seconds, first_turn, pss / MIB,
+                block_rates=[round(turns / spent, 1) for turns, spent in blocks])
 
 
 def serve_cells(driver: str, args: argparse.Namespace) -> None:
@@ -507,7 +513,7 @@ def command_cell(width: int, args: argparse.Namespace, url: str) -> Cell:
                    "--quiet", "--out", str(out)]
         wall, started = time.time(), time.perf_counter()
         child = Child(command, env={**os.environ, "OPENAI_API_KEY": "bench"})
-        first_turn, samples, next_sample = None, [], 0.0
+        first_turn, samples, next_sample, progress, next_poll = None, [], 0.0, [], 0.0
         try:
             while child.process.poll() is None:
                 now = time.perf_counter()
@@ -522,7 +528,10 @@ def command_cell(width: int, args: argparse.Namespace, url: str) -> Cell:
                 if now >= next_sample:
                     samples.append(tree_pss(processes))
                     next_sample = now + 1.0
-                time.sleep(0.1)
+                if now >= next_poll:
+                    progress.append((now - started, recorded_steps(out)))
+                    next_poll = now + POLL_SECONDS
+                time.sleep(0.05)
             elapsed = time.perf_counter() - started
         finally:
             left = child.stop()
@@ -530,10 +539,33 @@ def command_cell(width: int, args: argparse.Namespace, url: str) -> Cell:
         note = lost_steps(out, width, child.process.returncode, counts)
         note = left_behind(note, left)
         last_write = max((path.stat().st_mtime for path in out.rglob("*.traj")), default=wall) - wall
+        pss = statistics.median(samples) / MIB if samples else None
+        steady = all_playing(progress, width, max(counts, default=0))
+        if steady is not None:
+            return Cell("cli", width, steady[0], steady[1], first_turn, pss, note, elapsed,
+                        window=f"{steady[2]:.1f}-{steady[3]:.1f} s")
         turns = sum(counts)
         seconds = last_write - first_turn if first_turn is not None else 0.0
-        pss = statistics.median(samples) / MIB if samples else None
-        return Cell("cli", width, max(turns - 1, 0), seconds, first_turn, pss, note, elapsed)
+        return Cell("cli", width, max(turns - 1, 0), seconds, first_turn, pss, note, elapsed,
+                    window="first step to last write (no time with every env playing was seen)")
+
+
+POLL_SECONDS = 0.25
+"""How often the command's records are read while it runs (to find the time when every env is playing)."""
+
+
+def all_playing(progress: list[tuple[float, list[int]]], width: int,
+                steps: int) -> tuple[int, float, float, float] | None:
+    """The command's turns while every env played: from the first poll at which each of the ``width`` episodes had
+    recorded a step to the first at which one had recorded all ``steps`` (its episode over), as (turns, seconds,
+    start, end); None when no two polls fall in such a time. The envs start one after another (each worker forks and
+    builds its env), and the first ones to end leave the cores to the others: neither is the rate of N envs."""
+    start = next(((when, sum(counts)) for when, counts in progress
+                  if len(counts) >= width and min(counts) >= 1), None)
+    end = next(((when, sum(counts)) for when, counts in progress if counts and max(counts) >= steps), None)
+    if start is None or end is None or end[0] <= start[0] or end[1] <= start[1]:
+        return None
+    return end[1] - start[1], end[0] - start[0], start[0], end[0]
 
 
 def drive_command(args: argparse.Namespace) -> list[Cell]:
@@ -566,7 +598,8 @@ def report_cell(cell: Cell) -> None:
         if cell.command_seconds else ""
     note = f"; {cell.note}" if cell.note else ""
     first = f"{cell.first_turn:.1f} s" if cell.first_turn is not None else "not seen"
-    kept = "" if cell.command_seconds else "fastest block "
+    kept = f"median of {len(cell.block_rates)} blocks ({min(cell.block_rates)}-{max(cell.block_rates)} turns/s), " \
+        if cell.block_rates else f"while every env played ({cell.window}), " if cell.window else ""
     print(f"   {cell.driver:<10} N={cell.width:<3} {kept}{cell.turns} turns in {cell.seconds:.1f} s: {cell.rate:.1f} "
           f"turns/s, PSS {cell.pss_mib:.0f} MiB, first turn {first}{extra}{note} ({load()})", flush=True)
 
@@ -678,7 +711,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--widths", type=widths_list, default=[1, 2, 4, 8, 16, 32], help="N, comma-separated")
     parser.add_argument("--drivers", default=",".join(DRIVERS), help="comma-separated, of: " + ", ".join(DRIVERS))
     parser.add_argument("--task", default="prisonersDilemma")
-    parser.add_argument("--turns", type=int, default=64, help="turns timed per in-process cell (3 rounds at least)")
+    parser.add_argument("--turns", type=int, default=64, help="turns timed per in-process cell (5 rounds at least)")
     parser.add_argument("--min-rounds", type=int, default=50, help="timed turns per env at least (in-process cells)")
     parser.add_argument("--cli-steps", type=int, default=16, help="--max-steps of each episode the command plays")
     parser.add_argument("--policy-delay", type=float, default=0.0, help="seconds each policy answer takes")

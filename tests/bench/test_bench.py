@@ -102,3 +102,11 @@ def test_pool_turns_bench_prints_each_drivers_early_and_late_turn(capsys):
     assert set(ratios) == {"inprocess", "pool"} and all(math.isfinite(v) and v > 0 for v in ratios.values())
     assert re.search(r"pool +early turn +[\d.]+ ms, late turn +[\d.]+ ms, late/early [\d.]+", out)
     assert re.search(r"multiprocessing pool late/early [\d.]+, target <= 1\.3 \(flat\): (met|NOT met)", out)
+
+
+def test_env_drivers_bench_rates_the_command_while_every_env_plays():
+    module = load_bench_script("bench_env_drivers.py")
+    progress = [(1.0, [1]), (2.0, [3, 1]), (3.0, [6, 4]), (4.0, [8, 7]), (5.0, [8, 8])]
+    # from 2.0 s (both episodes have a step) to 4.0 s (the first has all 8): 15 - 4 turns in 2 s
+    assert module.all_playing(progress, width=2, steps=8) == (11, 2.0, 2.0, 4.0)
+    assert module.all_playing([(1.0, [8, 8])], width=2, steps=8) is None  # never seen with both playing

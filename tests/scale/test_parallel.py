@@ -232,3 +232,24 @@ def test_a_worker_interrupted_inside_a_finalizer_is_interrupted_in_its_job():
     """)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted in the job" and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_workers_share_the_modules_of_the_policy_they_build():
+    """``run --num-envs`` has the fork server import the policy's modules (the OpenAI client's cost 27 MiB a worker
+    when each imported its own), so a worker finds them imported; a module that cannot be imported is skipped."""
+    from mlgym_registry.policies import policy_modules
+
+    assert policy_modules("openai:some-model") == ("openai", "mlgym_registry.policies.openai")
+    assert policy_modules("scripted") == ("mlgym_registry.policies.scripted",)
+    assert policy_modules("no-such-kind") == ()
+    result = run_python("""
+        import multiprocessing
+        from mlgym_registry.scale.workers import start_worker_server
+
+        if __name__ == "__main__":
+            assert start_worker_server(also_import=["json.tool", "no_such_module_anywhere"])
+            with multiprocessing.get_context("forkserver").Pool(1) as pool:
+                print(pool.apply(eval, ("sorted({'json.tool', 'torch'} & set(__import__('sys').modules))",)))
+    """, env={**os.environ, "MLGYM_REGISTRY_WORKER_START": "forkserver"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "['json.tool', 'torch']"

@@ -460,5 +460,7 @@ def test_the_conversation_read_from_a_message_on_is_the_tail_of_the_whole(backen
         assert message_count(history) == len(whole) == 8
         for start in (0, 1, 5, 7, 8, 12):
             assert as_dicts(history, start) == whole[start:]
+        whole[-1]["content"] = "changed by the caller"  # each read is the caller's own: later reads are as before
+        assert as_dicts(history)[-1] == {"role": read_by_field.role[-1], "content": read_by_field.content[-1]}
     finally:
         env.close()

@@ -324,10 +324,12 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
     the number of episodes that did not end (0 when all did)."""
     engine = "process" if args.ray is None else "ray"
     if engine == "process":
+        from ..policies import policy_modules
         from ..scale.workers import start_worker_server
 
-        # the workers' server imports torch and TorchRL while this process does the same, on another core
-        start_worker_server()
+        # the workers' server imports torch, TorchRL and the policy's modules (each worker builds the policy) while
+        # this process does the same, on another core
+        start_worker_server(also_import=policy_modules(args.policy))
     from ..scale.runs import run_episodes
 
     if engine == "process":

@@ -13,7 +13,22 @@ from .base import Generation, Policy, PolicyError, PolicyExhausted
 
 POLICY_KINDS = ("scripted", "replay", "human", "transformers", "openai")
 
-__all__ = ["POLICY_KINDS", "Generation", "Policy", "PolicyError", "PolicyExhausted", "PolicyText", "make_policy"]
+__all__ = ["POLICY_KINDS", "Generation", "Policy", "PolicyError", "PolicyExhausted", "PolicyText", "make_policy",
+           "policy_modules"]
+
+_MODULES = {
+    "scripted": ("mlgym_registry.policies.scripted",),
+    "replay": ("mlgym_registry.policies.replay",),
+    "transformers": ("mlgym_registry.policies.transformers",),
+    "openai": ("openai", "mlgym_registry.policies.openai"),
+}
+"""What building a policy of each kind imports, beyond what every worker imports anyway."""
+
+
+def policy_modules(text: str) -> tuple[str, ...]:
+    """The modules ``make_policy(text)`` imports: worker processes that each build that policy can share them by
+    having their fork server import them first (``scale.workers.start_worker_server(also_import=...)``)."""
+    return _MODULES.get(str(text).partition(":")[0], ())
 
 
 class PolicyText(str):

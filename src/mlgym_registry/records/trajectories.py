@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,15 +268,19 @@ def current_umask() -> int:
     return mask
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
+def atomic_write_json(path: Path, data: Any, default: Callable[[Any], Any] | None = None) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file in the same folder and an atomic rename; the file
-    gets the mode the user's umask gives new files (``mkstemp`` alone would leave it readable by its owner only)."""
+    gets the mode the user's umask gives new files (``mkstemp`` alone would leave it readable by its owner only).
+    ``default``: what ``json.dumps`` calls for a value JSON cannot hold (else such a value raises ``TypeError``)."""
+    # the whole text first: json.dump into a file writes it piece by piece, at twice the cost (a trajectory is
+    # rewritten at every step)
+    text = json.dumps(data, indent=2, default=default)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2)
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -392,13 +397,8 @@ class TrajectoryWriter:
         trajectory = self.trajectory().to_dict()
         if self.provenance is not None:
             trajectory["run"] = self.provenance
-        atomic_write_json(self.traj_path, _jsonable(trajectory))
-        atomic_write_json(self.results_path, _jsonable(self.results()))
-
-
-def _jsonable(data: Any) -> Any:
-    """``data`` with anything JSON cannot hold (paths, numpy floats) turned into strings or floats."""
-    return json.loads(json.dumps(data, default=_default))
+        atomic_write_json(self.traj_path, trajectory, default=_default)
+        atomic_write_json(self.results_path, self.results(), default=_default)
 
 
 def _default(value: Any) -> Any:

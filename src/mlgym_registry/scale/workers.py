@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -51,8 +51,12 @@ def worker_start_method() -> str:
     return method
 
 
-def start_worker_server() -> bool:
+def start_worker_server(also_import: Sequence[str] = ()) -> bool:
     """Start the fork server in the background, with ``PRELOAD_MODULE`` to import, unless it already runs.
+
+    ``also_import``: more modules the server imports first (the modules of the policy every worker will build, say),
+    so that the workers share them instead of each importing its own copy (the OpenAI client's modules cost 27 MiB a
+    worker); one that raises ``ImportError`` is skipped (the worker then imports it itself, and reports the error).
 
     Returns at once: the server imports while this process goes on, and the first worker waits for it. Returns
     False (and starts nothing) when workers are to be spawned. A server started earlier (by this function or by
@@ -63,7 +67,8 @@ def start_worker_server() -> bool:
     from multiprocessing import forkserver
 
     _short_socket_folder()
-    forkserver.set_forkserver_preload([PRELOAD_MODULE])
+    # the extra modules first: PRELOAD_MODULE freezes the server's heap once its own imports are done
+    forkserver.set_forkserver_preload([*also_import, PRELOAD_MODULE])
     forkserver.ensure_running()
     return True
 

@@ -176,6 +176,16 @@ def _single(value: Any) -> str:
     return value
 
 
+def _as_dict(message: TensorDictBase) -> dict[str, str]:
+    """A message's ``{"role", "content"}`` (a new dict): read once per message and kept with it, since messages are
+    never changed and a policy reads the whole conversation every turn."""
+    kept = message.__dict__.get("_mlgym_dict")
+    if kept is None:
+        kept = message.__dict__["_mlgym_dict"] = {"role": _single(message.get("role")),
+                                                  "content": _single(message.get("content"))}
+    return dict(kept)
+
+
 def message_count(history: Any) -> int:
     """How many messages a one-conversation ``History`` holds (its last dim), read without touching them."""
     return int(history.batch_size[-1]) if getattr(history, "ndim", 0) else 1
@@ -190,8 +200,7 @@ def as_dicts(history: Any, start: int = 0) -> list[dict[str, str]]:
     stack = getattr(history, "_tensordict", None)
     if isinstance(stack, LazyStackedTensorDict) and stack.stack_dim == stack.ndim - 1:
         # the chain's own History: its messages one by one, without indexing the stack (which reads every message)
-        return [{"role": _single(message.get("role")), "content": _single(message.get("content"))}
-                for message in stack.tensordicts[start:]]
+        return [_as_dict(message) for message in stack.tensordicts[start:]]
     if getattr(history, "ndim", 1) > 1:
         history = history[(0,) * (history.ndim - 1)]
     if start:
