@@ -64,6 +64,7 @@ class Registry:
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         self._load_plugins = load_plugins
         self._loader: PluginLoader | None = None
+        self._loaded = False
         self._lock = threading.RLock()
 
     # -- pickling ------------------------------------------------------------------------------------------------
@@ -78,10 +79,12 @@ class Registry:
 
     # -- loading -------------------------------------------------------------------------------------------------
     def _ensure_loaded(self) -> None:
-        if self._loader is not None:
+        if self._loaded:
             return
         with self._lock:
-            if self._loader is not None:
+            # another thread that got here first has finished loading by now; ``_loader`` set but not ``_loaded``
+            # is this thread, re-entering from a plugin it is loading
+            if self._loaded or self._loader is not None:
                 return
             loader = PluginLoader(self._store_all, self._refuse_builtin_names)
             self._loader = loader
@@ -94,12 +97,14 @@ class Registry:
                     self._entries = {kind: {} for kind in KINDS}
                     self._loader = None
                     raise
+            # only now: a thread that saw the loader set but the plugins not yet loaded would find no backend
+            self._loaded = True
 
     def reload(self) -> None:
         """Forget every plugin registration and load the plugins again (after installing one, or changing env vars)."""
         with self._lock:
             self._entries = {kind: {} for kind in KINDS}
-            self._loader = None
+            self._loader, self._loaded = None, False
         self._ensure_loaded()
 
     def _store(self, reg: Registration) -> None:

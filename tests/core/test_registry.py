@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import warnings
 
 import pytest
@@ -244,3 +245,26 @@ def test_a_template_can_be_named_by_the_path_of_an_agent_yaml(task_file, tmp_pat
     assert templates.name == "my_agent"
     assert templates.system_template.startswith("You work in a shell.")
     assert templates.next_step_template == "{observation}"
+
+
+def test_threads_that_make_envs_at_once_each_find_the_plugins_loaded():
+    """The first uses of a fresh registry from several threads at once (an ``AsyncEnvPool`` worker hosting many envs
+    builds them in threads): each waits for the plugins to load, instead of finding none registered yet."""
+    reg = Registry()
+    start = threading.Barrier(8)
+    found: list[object] = []
+
+    def look_up() -> None:
+        start.wait()
+        try:
+            found.append(reg.get("backend", "local"))
+        except Exception as exc:  # noqa: BLE001 - the failure is what the test reports
+            found.append(exc)
+
+    threads = [threading.Thread(target=look_up) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [type(item).__name__ for item in found if isinstance(item, Exception)] == []
+    assert len(found) == 8 and len({id(item) for item in found}) == 1
