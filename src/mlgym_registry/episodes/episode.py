@@ -13,6 +13,7 @@ the action ``exit_format``.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from collections.abc import Callable
@@ -224,8 +225,9 @@ class EpisodePlayer:
 
             self.writer.provenance = run_record(self.spec, self.policy, self.seed)
         if self.writer is not None:
-            for message in self._messages:
-                (self.writer.system if message["role"] == "system" else self.writer.user)(message["content"])
+            with batched(self.writer):
+                for message in self._messages:
+                    (self.writer.system if message["role"] == "system" else self.writer.user)(message["content"])
         self.policy.reset(self.spec)
         self.result = EpisodeResult(self.spec)
         self.max_turns = self.max_turns or self.base.max_turns
@@ -306,14 +308,15 @@ class EpisodePlayer:
         result.turns.append(turn)
         self._messages = conversation(after, layout)
         if self.writer is not None:
-            self.writer.step(turn.step(), info=result.info)
-            if not turn.done and self._messages and self._messages[-1]["role"] == "user":
-                self.writer.user(self._messages[-1]["content"])
-            elif not turn.done and self._messages and self._messages[-1]["role"] == "tool":  # native tool calls
-                from ..components.tool_calling import trailing_tool_messages
+            with batched(self.writer):
+                self.writer.step(turn.step(), info=result.info)
+                if not turn.done and self._messages and self._messages[-1]["role"] == "user":
+                    self.writer.user(self._messages[-1]["content"])
+                elif not turn.done and self._messages and self._messages[-1]["role"] == "tool":  # native tool calls
+                    from ..components.tool_calling import trailing_tool_messages
 
-                for message in trailing_tool_messages(self._messages):
-                    self.writer.tool(message["content"], message["tool_call_id"])
+                    for message in trailing_tool_messages(self._messages):
+                        self.writer.tool(message["content"], message["tool_call_id"])
         if self.on_turn is not None:
             self.on_turn(turn)
         if turn.done:
@@ -406,3 +409,10 @@ def run_episode(
     while player.play_turn() is not None:
         pass
     return result
+
+
+def batched(writer: Any) -> contextlib.AbstractContextManager[Any]:
+    """``writer.batch()`` where the writer has one (a ``TrajectoryWriter``: the calls inside save once), else
+    nothing."""
+    batch = getattr(writer, "batch", None)
+    return batch() if batch is not None else contextlib.nullcontext()

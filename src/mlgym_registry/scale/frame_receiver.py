@@ -201,20 +201,21 @@ class FrameReceiver:
         ``fail``) is left to the caller."""
         if writer is None:
             return
-        for event in events:
-            kind = event[0]
-            if kind in ("finish", "fail") and until_end:
-                continue
-            if kind in ("system", "user"):
-                getattr(writer, kind)(event[1])
-            elif kind == "tool":
-                writer.tool(event[1], event[2])
-            elif kind == "step":
-                writer.step(event[1], info=event[2])
-            elif kind == "finish":
-                writer.finish(event[1])
-            elif kind == "fail":
-                writer.fail(event[1], info=event[2])
+        with writer.batch():  # a frame's calls (a step and the next prompt) save once
+            for event in events:
+                kind = event[0]
+                if kind in ("finish", "fail") and until_end:
+                    continue
+                if kind in ("system", "user"):
+                    getattr(writer, kind)(event[1])
+                elif kind == "tool":
+                    writer.tool(event[1], event[2])
+                elif kind == "step":
+                    writer.step(event[1], info=event[2])
+                elif kind == "finish":
+                    writer.finish(event[1])
+                elif kind == "fail":
+                    writer.fail(event[1], info=event[2])
 
     def _progress(self) -> None:
         if self.on_step is not None:
