@@ -116,6 +116,19 @@ def test_run_parallel_plays_each_env_to_the_end(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["env0-0", "env0-1", "env1-0", "env1-1"]
 
 
+@pytest.mark.slow
+def test_a_worker_plays_several_envs_at_once_each_as_it_would_alone(tmp_path):
+    """Four envs in two workers (two envs each, in threads) play the episodes four workers play, seed for seed."""
+    shared = run_parallel("blotto", "scripted", 4, out=tmp_path / "two", seed=3, workers=2)
+    alone = run_parallel("blotto", "scripted", 4, out=tmp_path / "four", seed=3, workers=4)
+    pids = [result.worker["pid"] for result in shared]
+    assert pids[0] == pids[2] != pids[1] == pids[3]  # env i plays in worker i % 2
+    assert len({result.worker["pid"] for result in alone}) == 4
+    assert all(result.finished and not result.failure for result in shared + alone)
+    assert [result.info["score"] for result in shared] == [result.info["score"] for result in alone]
+    assert [len(result.turns) for result in shared] == [len(result.turns) for result in alone]
+
+
 def test_run_episodes_refuses_an_unknown_engine_and_ray_options_without_ray():
     from mlgym_registry.options import InvalidOptionError
     from mlgym_registry.scale.runs import run_episodes
@@ -124,6 +137,10 @@ def test_run_episodes_refuses_an_unknown_engine_and_ray_options_without_ray():
         run_episodes("blotto", "scripted", 2, engine="threads")
     with pytest.raises(InvalidOptionError, match="pass engine='ray'"):
         run_episodes("blotto", "scripted", 2, address="127.0.0.1:6379")
+    with pytest.raises(InvalidOptionError, match="workers=0: give a number of worker processes, 1 or more"):
+        run_episodes("blotto", "scripted", 2, workers=0)
+    with pytest.raises(InvalidOptionError, match="workers= is for engine='process'"):
+        run_episodes("blotto", "scripted", 2, engine="ray", workers=2)
     pytest.importorskip("ray")
     with pytest.raises(InvalidOptionError, match="cpus_per_env=0: each actor needs a CPU share above 0"):
         run_episodes("blotto", "scripted", 2, engine="ray", cpus_per_env=0)

@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpus-per-env", type=float, default=None, metavar="N",
                         help="with --ray: CPUs each actor asks for (default: what lets every env run at once, "
                         "at most 1)")
+    parser.add_argument("--workers", type=cli_integer(1), default=None, metavar="W",
+                        help="without --ray: worker processes that play the envs (default: one per core, at most "
+                        "one per env; a worker's envs each play in a thread of its own)")
     add_backend_option_argument(parser)
     add_component_arguments(parser)
     add_openai_arguments(parser)
@@ -203,6 +206,8 @@ def main(args: argparse.Namespace) -> int:
         check_ray(args.ray)  # no Ray, or an address nobody answers: said now, before any folder is made
     elif args.cpus_per_env is not None:
         raise InvalidOptionError("--cpus-per-env is for --ray runs; add --ray (or --ray ADDRESS)")
+    if args.ray is not None and args.workers is not None:
+        raise InvalidOptionError("--workers is for runs without --ray (Ray places one actor per env); leave it out")
     episodes_per_env(args)  # a count that does not divide among the envs: refused before any folder is made
     out = Path(args.out) if args.out else default_out(spec.id.replace("/", "_"))
     with OutFolder(out):
@@ -339,7 +344,8 @@ def run_many(spec, args: argparse.Namespace, out: Path) -> int:
     bar = progress_bar(args.num_envs * per_env, f"{spec.id}: episodes done{where}")
     try:
         results = run_episodes(spec, policy_text(args), args.num_envs, engine=engine, address=args.ray or None,
-                               cpus_per_env=args.cpus_per_env, out=out, seed=args.seed, episodes_per_env=per_env,
+                               cpus_per_env=args.cpus_per_env, workers=args.workers, out=out, seed=args.seed,
+                               episodes_per_env=per_env,
                                on_step=lambda finished, steps: show_progress(bar, finished, f"{steps} steps"))
     finally:
         bar.close()

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..specs import TaskSpec
 
-START, TURN, END, WARNING = "start", "turn", "end", "warning"
-"""The kinds of frame: an episode's start, one of its turns, its end; and a plugin problem seen in the worker."""
+START, TURN, END, WARNING, JOB_END = "start", "turn", "end", "warning", "job_end"
+"""The kinds of frame: an episode's start, one of its turns, its end; a plugin problem seen in the worker; and the end
+of an env's job (``data["error"]``: what raised, when the job could not go on)."""
 
 Event = tuple
 """A writer call to replay: ``("system"|"user", text)``, ``("tool", text, call_id)``, ``("step", Step, info)``,
@@ -127,6 +129,42 @@ def play_env(job: EnvJob, report: Callable[..., None]) -> int:
             env.close()
             policy.close()
     return len(job.episodes)
+
+
+def play_envs(jobs: tuple[EnvJob, ...], report: Callable[..., None]) -> int:
+    """In a worker: play several envs' jobs at once, each in a thread of its own for its whole job (one job plays in
+    this thread), and report a ``JobEnd`` frame for each job as it ends; return how many jobs were played.
+
+    Hosting several envs per worker process is how a machine with fewer cores than envs plays them all without a
+    process per env (as TorchRL's ``AsyncEnvPool(envs_per_worker=...)`` does): the envs' steps mostly wait on their
+    shells and their policies, and one process per core keeps the cores busy at a fraction of the memory and of the
+    scheduler's work. The threads share the worker's pipe, one frame at a time."""
+    if len(jobs) == 1:  # this thread: a sandbox started from the main thread dies with the worker even if killed
+        _play_job(jobs[0], report)
+        return 1
+    lock = threading.Lock()
+
+    def one_at_a_time(*event: Any) -> None:
+        with lock:
+            report(*event)
+
+    threads = [threading.Thread(target=_play_job, args=(job, one_at_a_time), name=f"mlgym-registry-env-{job.env}",
+                                daemon=True) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return len(jobs)
+
+
+def _play_job(job: EnvJob, report: Callable[..., None]) -> None:
+    """Play one env's job and report its end (with what raised, when its env or policy could not be built)."""
+    error = ""
+    try:
+        play_env(job, report)
+    except Exception as exc:  # the receiver loses the episodes the job did not play, saying why
+        error = f"{type(exc).__name__}: {exc}"
+    report(Frame(job.env, job.episodes[0] if job.episodes else 0, -1, JOB_END, data={"error": error}))
 
 
 def _build(spec: TaskSpec, job: EnvJob) -> tuple[Any, Any]:

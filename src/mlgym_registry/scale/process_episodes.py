@@ -1,16 +1,18 @@
-"""Several episodes at once on one machine: one worker process per env (``workers.WorkerPool``, forked warm), each
-playing its env's episodes itself and sending every step to this process, which records them.
+"""Several episodes at once on one machine: worker processes (``workers.WorkerPool``, forked warm), one per core
+by default, each playing its envs' episodes itself (several envs of a worker each in a thread of its own) and sending
+every step to this process, which records them.
 
-Each worker plays its episodes one after another, as a run in one process plays its episode (``EpisodePlayer``:
-``episode_frames.play_env``), and reports a numbered frame per step on its pipe to this process. A worker waits
+Each env plays its episodes one after another, as a run in one process plays its episode (``EpisodePlayer``:
+``frames.play_env``), and its worker reports a numbered frame per step on its pipe to this process. A worker waits
 while its pipe is full: nothing is dropped however long this process takes to read, so a loaded machine only slows
 the run down. The receiver (``frame_receiver``) still checks each episode's frames and records any episode it did
 not fully get (its worker died, or raised) as an ``infra_error``, never as the agent's outcome; a worker that dies is
-replaced and plays the env's remaining episodes.
+replaced and plays its envs' remaining episodes.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +22,7 @@ from ..episodes.episode import EpisodeResult
 from ..episodes.folders import FolderName
 from ..specs import TaskSpec
 from .frame_receiver import FrameReceiver
-from .frames import EnvJob, play_env
+from .frames import JOB_END, EnvJob, play_envs
 
 WAIT = 0.5
 """Seconds the pool's queue is waited on at a time."""
@@ -41,6 +43,7 @@ def run_process_episodes(
     options: dict[str, Any] | None = None,
     episodes_per_env: int = 1,
     folders: FolderName | None = None,
+    workers: int | None = None,
 ) -> list[EpisodeResult]:
     """Play ``num_envs * episodes_per_env`` episodes, ``num_envs`` at once in worker processes, and return their
     results in env order (each env's in episode order).
@@ -49,13 +52,18 @@ def run_process_episodes(
     env) or ``out/env<i>-<k>/`` (or what ``folders`` names), its ``.traj`` and ``results.json`` saved at every step.
     ``on_step(episodes_over, steps_so_far)`` is called as steps arrive. An episode our machinery lost has a
     ``failure`` starting with ``infra_error:`` (``frame_receiver.is_infra_failure``).
+
+    ``workers``: how many worker processes play the envs (default: one per core this process may use, at most one
+    per env); env ``i`` plays in worker ``i % workers``, each of a worker's envs in a thread of its own.
     """
-    from ..options import check_option
+    from ..options import InvalidOptionError, check_option
     from ..registry import registry
 
     spec = registry.spec(spec)
     registry.resolve(spec)  # an unknown component or option fails here, before any worker starts
     check_option("seed", seed)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InvalidOptionError(f"workers={workers!r}: give a number of worker processes, 1 or more")
     options = {"batch_size": (), **(options or {})}
     known = tuple(str(error) for error in registry.load_errors())
     receiver = FrameReceiver(spec, num_envs, episodes_per_env, out=out, folders=folders, on_step=on_step)
@@ -65,29 +73,37 @@ def run_process_episodes(
         seeds = tuple(None if seed is None else seed + number * num_envs + env for number in numbers)
         return EnvJob(spec.to_dict(), options, policy, env, numbers, seeds, known)
 
-    _play(num_envs, receiver, job)
+    count = min(num_envs, workers or usable_cores())
+    _play([list(range(slot, num_envs, count)) for slot in range(count)], receiver, job)
     receiver.close("its worker ended before the episode did")  # nothing is left by now, unless a worker misbehaved
     return receiver.results()
 
 
-def _play(num_envs: int, receiver: FrameReceiver, job: Callable[[int], EnvJob]) -> None:
-    """Start a worker per env, give each its env's job, and receive until every job is over."""
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _play(groups: list[list[int]], receiver: FrameReceiver, job: Callable[[int], EnvJob]) -> None:
+    """Start a worker per group of envs, give each the jobs of its envs, and receive until every job is over."""
     from .workers import WorkerPool
 
-    pool = WorkerPool(num_envs, play_env)
-    running = set(range(num_envs))
-    for env in running:
-        pool.give(env, job(env))
+    pool = WorkerPool(len(groups), play_envs)
+    running = {env for group in groups for env in group}
+    for slot, group in enumerate(groups):
+        pool.give(slot, tuple(job(env) for env in group))
     interrupted = True
     try:
         checked = time.monotonic()
         while running:
             message = pool.receive(WAIT)
             if message is not None:
-                _handle(message, receiver, running)
+                _handle(message, groups, receiver, running)
             if message is None or time.monotonic() - checked > DEATH_CHECK:
                 checked = time.monotonic()
-                _replace_dead(pool, receiver, running, job)
+                _replace_dead(pool, groups, receiver, running, job)
         interrupted = False
     except BaseException:
         receiver.interrupt("interrupted before the episode ended")
@@ -96,31 +112,49 @@ def _play(num_envs: int, receiver: FrameReceiver, job: Callable[[int], EnvJob]) 
         pool.close(interrupt=interrupted)
 
 
-def _handle(message: tuple[int, str, Any], receiver: FrameReceiver, running: set[int]) -> None:
-    """One message of the pool: a frame, or the end of an env's job."""
-    env, kind, payload = message
+def _handle(message: tuple[int, str, Any], groups: list[list[int]], receiver: FrameReceiver,
+            running: set[int]) -> None:
+    """One message of the pool: a frame, the end of one env's job, or the end of a worker's jobs."""
+    slot, kind, payload = message
     if kind == "event":
-        receiver.receive(payload[0])
+        frame = payload[0]
+        if frame.kind == JOB_END:
+            error = frame.data.get("error")
+            _job_over(frame.env, f"its worker failed: {error}" if error else "its worker ended its job", receiver,
+                      running)
+        else:
+            receiver.receive(frame)
         return
-    running.discard(env)
     reason = "its worker ended its job" if kind == "done" else f"its worker failed: {payload}"
-    while receiver.next_episode(env) is not None:  # a job that ended early: what it did not play is lost
+    for env in groups[slot]:
+        _job_over(env, reason, receiver, running)
+
+
+def _job_over(env: int, reason: str, receiver: FrameReceiver, running: set[int]) -> None:
+    """Env ``env``'s job ended: what it did not play is lost, for ``reason``."""
+    running.discard(env)
+    while receiver.next_episode(env) is not None:
         receiver.lose_env(env, reason)
 
 
-def _replace_dead(pool: Any, receiver: FrameReceiver, running: set[int], job: Callable[[int], EnvJob]) -> None:
-    """Lose the episode of each worker that died (after reading what it sent before), and start a worker that
-    plays the env's remaining episodes in its place."""
-    for env, code in pool.dead():
-        if env not in running:
+def _replace_dead(pool: Any, groups: list[list[int]], receiver: FrameReceiver, running: set[int],
+                  job: Callable[[int], EnvJob]) -> None:
+    """Lose the episode each env of a worker that died was playing (after reading what it sent before), and start a
+    worker that plays those envs' remaining episodes in its place."""
+    for slot, code in pool.dead():
+        if not running.intersection(groups[slot]):
             continue
-        for message in pool.drain(env):
-            _handle(message, receiver, running)
-        if env not in running:  # its job had ended after all
-            continue
-        receiver.lose_env(env, f"its worker process died (exit code {code})")
-        if receiver.next_episode(env) is None:
-            running.discard(env)
-            continue
-        pool.restart(env)
-        pool.give(env, job(env))
+        for message in pool.drain(slot):
+            _handle(message, groups, receiver, running)
+        left = []
+        for env in groups[slot]:
+            if env not in running:  # its job had ended after all
+                continue
+            receiver.lose_env(env, f"its worker process died (exit code {code})")
+            if receiver.next_episode(env) is None:
+                running.discard(env)
+            else:
+                left.append(env)
+        if left:
+            pool.restart(slot)
+            pool.give(slot, tuple(job(env) for env in left))

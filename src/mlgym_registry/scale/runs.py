@@ -30,18 +30,22 @@ def run_episodes(
     options: dict[str, Any] | None = None,
     episodes_per_env: int = 1,
     folders: FolderName | None = None,
+    workers: int | None = None,
 ) -> list[EpisodeResult]:
     """Play ``num_envs`` episodes at once and return their results in env order.
 
     ``engine="process"`` plays them in worker processes on this machine (``process_episodes``); ``engine="ray"`` as
     Ray actors, on the cluster at ``address`` or on a local runtime started for the run (``ray_episodes``), with
-    ``cpus_per_env`` CPUs asked per actor. Both write the same files under ``out``.
+    ``cpus_per_env`` CPUs asked per actor. Both write the same files under ``out``. ``workers``: how many worker
+    processes play the envs (``engine="process"``; default one per core, at most one per env).
     """
     from ..options import InvalidOptionError
 
     if engine == "ray":
         from .ray_episodes import run_ray_episodes
 
+        if workers is not None:
+            raise InvalidOptionError("workers= is for engine='process' (Ray places one actor per env); leave it out")
         return run_ray_episodes(spec, policy, num_envs, address=address, out=out, seed=seed, on_step=on_step,
                                 options=options, episodes_per_env=episodes_per_env, cpus_per_env=cpus_per_env,
                                 folders=folders)
@@ -52,4 +56,4 @@ def run_episodes(
     from .process_episodes import run_process_episodes
 
     return run_process_episodes(spec, policy, num_envs, out=out, seed=seed, on_step=on_step, options=options,
-                                episodes_per_env=episodes_per_env, folders=folders)
+                                episodes_per_env=episodes_per_env, folders=folders, workers=workers)
