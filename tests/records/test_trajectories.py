@@ -47,6 +47,32 @@ def test_writer_saves_loadable_files_after_every_step(tmp_path):
     assert not list(tmp_path.glob(".*.tmp")), "temporary files must not be left behind"
 
 
+def test_a_batch_of_writer_calls_saves_once_at_its_end_one_step_a_line(tmp_path):
+    """A turn's step and the next prompt are one write of each file (``batch``), and ``results.json`` is written only
+    when its text changes; the ``.traj`` holds one step, one message, per line."""
+    writer = TrajectoryWriter(tmp_path, "t", baseline={"Score": 1.0})
+    writer.system("system prompt")
+    writer.user("task prompt")
+    writer.results_path.write_text("left alone while it does not change")
+    with writer.batch():
+        writer.step(make_step(), info={"score": []})
+        writer.user("next prompt")
+        assert len(load_traj(writer.traj_path).steps) == 0  # not yet: at the end of the block
+    loaded = load_traj(writer.traj_path)
+    assert [s.action for s in loaded.steps] == ["ls -a\n"]
+    assert [h["role"] for h in loaded.history] == ["system", "user", "assistant", "user"]
+    assert writer.results_path.read_text() == "left alone while it does not change"
+    with pytest.raises(RuntimeError), writer.batch():  # a block that raises still saves what it recorded
+        writer.step(make_step("submit\n", "done"), info={"score": [{"Score": 2.0}]})
+        raise RuntimeError("the env broke")
+    assert len(load_traj(writer.traj_path).steps) == 2
+    assert load_results(writer.results_path)["agent"] == [{"Score": 2.0}]  # changed: written
+    lines = writer.traj_path.read_text().splitlines()
+    assert lines[:3] == ['{', '  "environment": "mlgym_registry",', '  "trajectory": [']
+    assert [json.loads(line.rstrip(","))["action"] for line in lines[3:5]] == ["ls -a\n", "submit\n"]
+    assert len([line for line in lines if line.startswith('    {"role": ')]) == 5
+
+
 def test_writer_turns_numpy_and_paths_into_json(tmp_path):
     np = pytest.importorskip("numpy")
     writer = TrajectoryWriter(tmp_path, "t")
