@@ -4,26 +4,31 @@ The drivers, each over N = ``--widths`` envs of ``--task`` (default 1, 2, 4, 8, 
 
 - ``loop``: one env after another in a plain loop (``step_and_maybe_reset``, as a collector steps an env);
 - ``threads``: TorchRL ``AsyncEnvPool(backend="threading")``;
-- ``processes``: TorchRL ``AsyncEnvPool(backend="multiprocessing", exchange="queue")``, docs/scaling.md's recipe
-  (``WithParentEnviron(EnvFactory)`` built inside ``warm_workers()``);
+- ``processes``: TorchRL ``AsyncEnvPool(backend="multiprocessing", exchange="queue", envs_per_worker=ceil(N /
+  cores))``, docs/scaling.md's recipe (``WithParentEnviron(EnvFactory)`` built inside ``warm_workers()``; one worker
+  process per core at most);
 - ``parallel``: TorchRL ``ParallelEnv`` with its defaults, built the same way, its first reset inside the block too
   (``ParallelEnv`` starts its workers there; after the block they would be spawned, about 300 MiB each);
-- ``cli``: ``mlgym-registry run TASK --num-envs N --max-steps K`` as a command, one episode per env.
+- ``cli``: ``mlgym-registry run TASK --num-envs N --max-steps K`` as a command, one episode per env (its default
+  workers: one process per core at most).
 
 The policy is trivial, so that only the env side is measured: the same fenced command every turn
 (``bench_training.RESPONSE``, ``echo hi``). The command gets it from a local OpenAI-compatible endpoint
 (``tests/model_server.Endpoint``, in this process) through ``--policy openai:...``. With ``--policy-delay S``
-every answer takes S seconds more, as a model's would: the loop waits S before each env's step, a pool waits S once a
-round (one batched call answers all its envs), the command's workers each wait S for their own answer (the endpoint
-answers requests concurrently).
+every answer takes S seconds more, as a model's would: the loop waits S before each env's step, a pool waits S for
+each batch of outputs it receives (one batched call answers them all), the command's envs each wait S for their own
+answer (the endpoint answers requests concurrently).
 
 Figures per driver and N:
 
 - turns/s while playing, and its ratio to the driver's own figure at the smallest N. The in-process drivers play
-  ``max(5, --min-rounds, ceil(--turns / N))`` timed rounds of N turns after an untimed first round and a warm-up
-  round (no episode ends: ``max_steps`` is 10**6), so that every N's conversations reach the same length, in 5
-  blocks whose median is kept (its range is printed on the progress line); each child first builds,
-  plays and closes one env untimed. The command plays N episodes of K = ``--cli-steps`` steps (each ends with the
+  ``max(5, --min-rounds)`` timed rounds of N turns after an untimed first round and a warm-up round (no episode
+  ends: ``max_steps`` is 10**6), so that every N's conversations reach the same length, in 5 blocks; they play
+  these rounds again from a reset (untimed) until about ``--turns`` turns were timed, and the median of all the
+  blocks is kept (their range is printed on the progress line); each child first builds, plays and closes one env
+  untimed. The pools are stepped as ``LLMCollector`` steps an async pool: each env's output that is back gets its
+  answer and is sent again at once (``--lockstep``: every round sends all N envs and waits for all N).
+  The command plays N episodes of K = ``--cli-steps`` steps (each ends with the
   autosubmission's evaluation); its records are read every quarter second, and its rate is the steps recorded
   while every env was playing (from the first read at which each episode had a step to the first at which one had
   all of its steps: the envs start one after another, and the first to end leave the cores to the rest); where no
@@ -54,7 +59,8 @@ and with a policy that takes time (``--policy-delay``) 2 envs >= 1.6x one env. T
 references. Nothing fails on a missed target: the table says met or NOT met.
 
     python bench/bench_env_drivers.py [--quick] [--widths 1,2,4,8,16,32] [--drivers loop,threads,processes,parallel,cli]
-        [--task prisonersDilemma] [--turns 64] [--min-rounds 50] [--cli-steps 16] [--policy-delay 0] [--budget 300]
+        [--task prisonersDilemma] [--turns 800] [--min-rounds 50] [--cli-steps 200] [--policy-delay 0] [--lockstep]
+        [--budget 300]
 """
 
 from __future__ import annotations
@@ -167,6 +173,10 @@ class Stepper:
     def close(self) -> None:
         raise NotImplementedError
 
+    def restart(self) -> None:
+        """Reset every env: new episodes, from the first turn."""
+        raise NotImplementedError
+
 
 class LoopStepper(Stepper):
     """One env after another; the policy answers each env in turn."""
@@ -188,23 +198,34 @@ class LoopStepper(Stepper):
             self.states[index].set(("text", "response"), [RESPONSE])
             _, self.states[index] = env.step_and_maybe_reset(self.states[index])
 
+    def restart(self) -> None:
+        self.states = [env.reset() for env in self.envs]
+
     def close(self) -> None:
         for env in self.envs:
             env.close()
 
 
 class PoolStepper(Stepper):
-    """A TorchRL ``AsyncEnvPool`` stepped through its async API; one policy call answers every env of a round."""
+    """A TorchRL ``AsyncEnvPool`` stepped through its async API as ``LLMCollector`` steps an async pool
+    (``async_envs=True``): whatever outputs are back (``async_step_and_maybe_reset_recv()``, ``min_get=1``) get
+    their answer (one policy call, after the delay) and are sent again at once, so an env never waits for the
+    others. A round is N turns received. With ``lockstep`` (``--lockstep``), every round sends all N envs and waits
+    for all N (``bench_training.pool_round``), as the table measured before."""
 
     backend = "threading"
+    lockstep = False
 
     def __init__(self, factory: Callable[[], Any], width: int, delay: float):
         super().__init__(factory, width, delay)
         self.pool = self.build(factory, width)
+        self.in_flight = 0
         try:
             self.state = self.pool.reset()
+            if not self.lockstep:
+                self.answer(self.state)
         except BaseException:
-            self.pool.close()
+            self.close()
             raise
 
     def build(self, factory: Callable[[], Any], width: int) -> Any:
@@ -212,12 +233,44 @@ class PoolStepper(Stepper):
 
         return AsyncEnvPool([factory] * width, backend=self.backend)
 
+    def answer(self, outputs: Any) -> None:
+        """The policy's reply to ``outputs`` (each carries its ``env_index``), sent to their envs."""
+        count = outputs.batch_size[0]
+        outputs.set(("text", "response"), [[RESPONSE]] * count)
+        self.pool.async_step_and_maybe_reset_send(outputs)
+        self.in_flight += count
+
     def round(self) -> None:
-        time.sleep(self.delay)
-        self.state = pool_round(self.pool, self.state)
+        if self.lockstep:
+            time.sleep(self.delay)
+            self.state = pool_round(self.pool, self.state)
+            return
+        received = 0
+        while received < self.width:
+            _, following = self.pool.async_step_and_maybe_reset_recv()
+            count = following.batch_size[0]
+            received += count
+            self.in_flight -= count
+            time.sleep(self.delay)
+            self.answer(following)
+
+    def restart(self) -> None:
+        self.wait_for_all()
+        self.state = self.pool.reset()
+        if not self.lockstep:
+            self.answer(self.state)
+
+    def wait_for_all(self) -> None:
+        """Receive the steps still being played."""
+        if self.in_flight:
+            self.pool.async_step_and_maybe_reset_recv(min_get=self.in_flight)
+            self.in_flight = 0
 
     def close(self) -> None:
-        self.pool.close()
+        try:
+            self.wait_for_all()  # so that no worker is closed mid-step
+        finally:
+            self.pool.close()
 
 
 class ProcessPoolStepper(PoolStepper):
@@ -229,7 +282,8 @@ class ProcessPoolStepper(PoolStepper):
         from mlgym_registry.scale.workers import WithParentEnviron, warm_workers
 
         with warm_workers():
-            return AsyncEnvPool([WithParentEnviron(factory)] * width, backend="multiprocessing", exchange="queue")
+            return AsyncEnvPool([WithParentEnviron(factory)] * width, backend="multiprocessing", exchange="queue",
+                                envs_per_worker=math.ceil(width / cores()))
 
 
 class ParallelStepper(Stepper):
@@ -256,6 +310,9 @@ class ParallelStepper(Stepper):
         self.state.set(("text", "response"), [[RESPONSE]] * self.width)
         _, self.state = self.env.step_and_maybe_reset(self.state)
 
+    def restart(self) -> None:
+        self.state = self.env.reset()
+
     def close(self) -> None:
         self.env.close()
 
@@ -264,26 +321,36 @@ STEPPERS: dict[str, type[Stepper]] = {"loop": LoopStepper, "threads": PoolSteppe
                                       "parallel": ParallelStepper}
 
 
-def rounds_for(width: int, turns: int, min_rounds: int) -> int:
-    """Timed rounds for N envs: about ``turns`` turns in all, and at least ``min_rounds`` (and ``BLOCKS``) rounds."""
-    return max(BLOCKS, min_rounds, math.ceil(turns / width))
+def rounds_for(min_rounds: int) -> int:
+    """Timed rounds of an episode: the same at every N, so that every N's conversations reach the same length."""
+    return max(BLOCKS, min_rounds)
+
+
+def repeats_for(width: int, turns: int, rounds: int) -> int:
+    """How many times N envs play their ``rounds`` rounds from a reset, for about ``turns`` timed turns in all."""
+    return max(1, math.ceil(turns / (rounds * width)))
 
 
 BLOCKS = 5
-"""The timed rounds are played in this many blocks, and the median block is kept: a burst of other work on the
-machine slows a block down, never speeds one up, and the median is not pulled by one burst. (The fastest block was
-kept before: that favoured the small widths, whose blocks are shorter and so likelier to fit between two bursts.)"""
+"""The rounds of each episode are timed in this many blocks, and the median block of the cell is kept: a burst of
+other work on the machine slows a block down, never speeds one up, and the median is not pulled by one burst. (The
+fastest block was kept before: that favoured the small widths, whose blocks are shorter and so likelier to fit
+between two bursts.)"""
 
 
-def timed_blocks(stepper: Stepper, rounds: int) -> list[tuple[int, float]]:
-    """Play ``rounds`` rounds in ``BLOCKS`` blocks; every block's (turns, seconds)."""
+def timed_blocks(stepper: Stepper, rounds: int, repeats: int = 1) -> list[tuple[int, float]]:
+    """Play ``rounds`` rounds in ``BLOCKS`` blocks, ``repeats`` times (the envs reset in between, untimed); every
+    block's (turns, seconds)."""
     blocks = []
-    for block in range(BLOCKS):
-        count = rounds // BLOCKS + (block < rounds % BLOCKS)
-        started = time.perf_counter()
-        for _ in range(count):
-            stepper.round()
-        blocks.append((count * stepper.width, time.perf_counter() - started))
+    for repeat in range(repeats):
+        if repeat:
+            stepper.restart()
+        for block in range(BLOCKS):
+            count = rounds // BLOCKS + (block < rounds % BLOCKS)
+            started = time.perf_counter()
+            for _ in range(count):
+                stepper.round()
+            blocks.append((count * stepper.width, time.perf_counter() - started))
     return blocks
 
 
@@ -304,7 +371,8 @@ def measure_cell(driver: str, task: str, width: int, turns: int, min_rounds: int
         if not timed:
             return Cell(driver, width, first_turn=first_turn)
         stepper.round()  # warm-up
-        blocks = timed_blocks(stepper, rounds_for(width, turns, min_rounds))
+        rounds = rounds_for(min_rounds)
+        blocks = timed_blocks(stepper, rounds, repeats_for(width, turns, rounds))
         pss = tree_pss(own_tree()) - before
     finally:
         stepper.close()
@@ -318,6 +386,7 @@ def serve_cells(driver: str, args: argparse.Namespace) -> None:
     import tensordict
 
     tensordict.set_list_to_stack(True).set()
+    PoolStepper.lockstep = args.lockstep
     if driver in ("processes", "parallel"):
         warm_up(["forkserver"])  # once, before the first baseline: the server is not the envs' memory
     # one env built, played and closed untimed: what this process imports and loads at its first env (the pool's
@@ -437,7 +506,7 @@ def drive_in_process(driver: str, args: argparse.Namespace) -> list[Cell]:
     """Run an in-process driver's child over every width, each cell within its budget."""
     options = ["--cell-driver", driver, "--task", args.task, "--widths", ",".join(map(str, args.widths)),
                "--turns", str(args.turns), "--min-rounds", str(args.min_rounds),
-               "--policy-delay", str(args.policy_delay)]
+               "--policy-delay", str(args.policy_delay), *(["--lockstep"] if args.lockstep else [])]
     # started with -c, not as a script: worker processes would import a script's modules again (as its __main__),
     # which is the script's memory, not the envs'
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
@@ -711,10 +780,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--widths", type=widths_list, default=[1, 2, 4, 8, 16, 32], help="N, comma-separated")
     parser.add_argument("--drivers", default=",".join(DRIVERS), help="comma-separated, of: " + ", ".join(DRIVERS))
     parser.add_argument("--task", default="prisonersDilemma")
-    parser.add_argument("--turns", type=int, default=64, help="turns timed per in-process cell (5 rounds at least)")
+    parser.add_argument("--turns", type=int, default=800, help="turns timed per in-process cell, at least: the envs "
+                        "play --min-rounds rounds from a reset as many times as it takes")
     parser.add_argument("--min-rounds", type=int, default=50, help="timed turns per env at least (in-process cells)")
-    parser.add_argument("--cli-steps", type=int, default=16, help="--max-steps of each episode the command plays")
+    parser.add_argument("--cli-steps", type=int, default=200, help="--max-steps of each episode the command plays")
     parser.add_argument("--policy-delay", type=float, default=0.0, help="seconds each policy answer takes")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="the pools play rounds in lockstep (send all N, wait for all N) instead of streaming")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds a cell may take before it is skipped")
     parser.add_argument("--cell-driver", choices=list(STEPPERS), help=argparse.SUPPRESS)  # a driver's child
     args = parser.parse_args(argv)
