@@ -88,20 +88,30 @@ def measure(task: str, repeats: int) -> tuple[float, float, float, str]:
             backend.step("validate")  # the episode's first: nothing was started ahead for it
             first = time.perf_counter() - start
             for _ in range(repeats):
-                start = time.perf_counter()
-                done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, check=False)
-                plain.append(time.perf_counter() - start)
-                if done.returncode != 0:
-                    raise RuntimeError(f"{task}: plain evaluate.py failed: {done.stdout}{done.stderr}")
-                start = time.perf_counter()
-                _, _, _, info = backend.step("validate")
-                ours.append(time.perf_counter() - start)
-                if info.get("evaluation_status") != "ok":
-                    raise RuntimeError(f"{task}: validate ended {info.get('evaluation_status')}")
-                score = f"{info['score'][-1]} (plain: {done.stdout.strip()})"
+                plain_seconds, printed, our_seconds, info = plain_then_validate(backend, command, folder, env, task)
+                plain.append(plain_seconds)
+                ours.append(our_seconds)
+                score = f"{info['score'][-1]} (plain: {printed.strip()})"
     finally:
         backend.close()
     return statistics.median(ours), statistics.median(plain), first, score
+
+
+def plain_then_validate(backend, command: list[str], folder: Path, env: dict[str, str],
+                        name: str) -> tuple[float, str, float, dict]:
+    """Run the task's plain ``evaluate.py`` (``command``, in ``folder``), then our ``validate`` of the same
+    workspace: ``(plain seconds, what the plain run printed, validate seconds, validate's info)``."""
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, check=False)
+    plain = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{name}: plain evaluate.py failed: {done.stdout}{done.stderr}")
+    start = time.perf_counter()
+    _, _, _, info = backend.step("validate")
+    ours = time.perf_counter() - start
+    if info.get("evaluation_status") != "ok":
+        raise RuntimeError(f"{name}: validate ended {info.get('evaluation_status')}")
+    return plain, done.stdout, ours, info
 
 
 def load() -> str:

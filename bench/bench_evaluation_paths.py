@@ -21,7 +21,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_evaluation, wh
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "backends"))
 
-from bench_evaluation import load, plain_command, plain_folder  # noqa: E402
+from bench_evaluation import load, plain_command, plain_folder, plain_then_validate  # noqa: E402
 
 
 @dataclass
@@ -105,18 +104,11 @@ def measure(path: str, repeats: int) -> Measured:
                 shutil.copytree(folder, Path(scratch) / f"copy-{index}", symlinks=True)
                 copies.append(time.perf_counter() - started)
                 backend.communicate(command, timeout_duration=300)
-                started = time.perf_counter()
-                done = subprocess.run(plain_command(spec), cwd=folder, env=env, capture_output=True, text=True,
-                                      check=False)
-                plain.append(time.perf_counter() - started)
-                if done.returncode != 0:
-                    raise RuntimeError(f"{path}: plain evaluate.py failed: {done.stdout}{done.stderr}")
-                started = time.perf_counter()
-                _, _, _, info = backend.step("validate")
-                ours.append(time.perf_counter() - started)
-                if info.get("evaluation_status") != "ok":
-                    raise RuntimeError(f"{path}: validate ended {info.get('evaluation_status')}")
-                score = f"{info['score'][-1]} (plain: {done.stdout.strip().splitlines()[-1]})"
+                plain_seconds, printed, our_seconds, info = plain_then_validate(
+                    backend, plain_command(spec), folder, env, path)
+                plain.append(plain_seconds)
+                ours.append(our_seconds)
+                score = f"{info['score'][-1]} (plain: {printed.strip().splitlines()[-1]})"
         finally:
             backend.close()
     median = statistics.median
