@@ -167,6 +167,12 @@ class Stepper:
     def __init__(self, factory: Callable[[], Any], width: int, delay: float):
         self.width, self.delay = width, delay
 
+    def wait(self) -> None:
+        """The policy's delay. None at all without one: ``time.sleep(0)`` still gives the core away, which on a busy
+        machine delays the driver by a scheduling slice at every call."""
+        if self.delay > 0:
+            time.sleep(self.delay)
+
     def round(self) -> None:
         raise NotImplementedError
 
@@ -194,7 +200,7 @@ class LoopStepper(Stepper):
 
     def round(self) -> None:
         for index, env in enumerate(self.envs):
-            time.sleep(self.delay)
+            self.wait()
             self.states[index].set(("text", "response"), [RESPONSE])
             _, self.states[index] = env.step_and_maybe_reset(self.states[index])
 
@@ -242,7 +248,7 @@ class PoolStepper(Stepper):
 
     def round(self) -> None:
         if self.lockstep:
-            time.sleep(self.delay)
+            self.wait()
             self.state = pool_round(self.pool, self.state)
             return
         received = 0
@@ -251,7 +257,7 @@ class PoolStepper(Stepper):
             count = following.batch_size[0]
             received += count
             self.in_flight -= count
-            time.sleep(self.delay)
+            self.wait()
             self.answer(following)
 
     def restart(self) -> None:
@@ -306,7 +312,7 @@ class ParallelStepper(Stepper):
                 raise
 
     def round(self) -> None:
-        time.sleep(self.delay)
+        self.wait()
         self.state.set(("text", "response"), [[RESPONSE]] * self.width)
         _, self.state = self.env.step_and_maybe_reset(self.state)
 
