@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_python
 from outside_data import RECORDED, TRAJECTORIES, missing_recorded_runs
 
 from mlgym_registry import seeding
@@ -672,3 +673,22 @@ def test_secret_files_are_only_in_the_evaluation_copy(tmp_path):
         obs, _, _, info = env.step("validate")
         assert info["score"] == [{"acc": 0.75}]
         assert not (env.host_workspace / "answers.txt").exists()
+
+
+def test_choosing_no_sandbox_warns_that_the_agent_is_not_confined():
+    """``sandbox="none"`` warns when chosen (in a fresh interpreter: no thread of another test can swap the warning
+    filters meanwhile)."""
+    done = run_python("""
+        import warnings
+        from mlgym_registry.backends.local import LocalBackend
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            LocalBackend.check_available(sandbox="none")
+            LocalBackend.check_available(sandbox="bwrap")
+        for warning in caught:
+            print(warning.category.__name__, warning.message)
+    """)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("RuntimeWarning sandbox='none': the agent's commands"), done.stdout

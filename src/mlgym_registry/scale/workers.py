@@ -305,10 +305,16 @@ def _interrupt_once() -> None:
         # a signal landing while a finalizer (an env's ``__del__``) runs raises there, where Python can only print
         # it and go on: arm the handler again and deliver the signal anew, once the finalizer is over, to the job
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            signal.signal(signal.SIGINT, stop)
-            signal.signal(signal.SIGTERM, stop)
-            threading.Timer(0.01, signal.raise_signal, (signal.SIGINT,)).start()
-            return
+            while True:
+                try:
+                    signal.signal(signal.SIGINT, stop)
+                    signal.signal(signal.SIGTERM, stop)
+                    threading.Timer(0.01, signal.raise_signal, (signal.SIGINT,)).start()
+                    return
+                except KeyboardInterrupt:
+                    # on a busy machine the timer can fire before its start() returns, still inside this hook,
+                    # where the interrupt would be lost again: arm the handlers and the timer anew
+                    continue
         default_hook(unraisable)
 
     sys.unraisablehook = interrupted_in_a_finalizer
