@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -270,10 +269,9 @@ def recorded_paths(arguments: list[str]) -> list[Path]:
 
 def default_jobs() -> int:
     """One replay per core: a replay mostly waits on its evaluations, each a pair of processes taking turns."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    from ..machine import usable_cores
+
+    return usable_cores()
 
 
 def main(args: argparse.Namespace) -> int:

@@ -133,7 +133,7 @@ def play_env(job: EnvJob, report: Callable[..., None]) -> int:
 
 def play_envs(jobs: tuple[EnvJob, ...], report: Callable[..., None]) -> int:
     """In a worker: play several envs' jobs at once, each in a thread of its own for its whole job (one job plays in
-    this thread), and report a ``JobEnd`` frame for each job as it ends; return how many jobs were played.
+    this thread), and report a ``JOB_END`` frame for each job as it ends; return how many jobs were played.
 
     Hosting several envs per worker process is how a machine with fewer cores than envs plays them all without a
     process per env (as TorchRL's ``AsyncEnvPool(envs_per_worker=...)`` does): the envs' steps mostly wait on their

@@ -12,7 +12,6 @@ replaced and plays its envs' remaining episodes.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from ..episodes.episode import EpisodeResult
 from ..episodes.folders import FolderName
+from ..machine import usable_cores
 from ..specs import TaskSpec
 from .frame_receiver import FrameReceiver
 from .frames import JOB_END, EnvJob, play_envs
@@ -77,13 +77,6 @@ def run_process_episodes(
     _play([list(range(slot, num_envs, count)) for slot in range(count)], receiver, job)
     receiver.close("its worker ended before the episode did")  # nothing is left by now, unless a worker misbehaved
     return receiver.results()
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _play(groups: list[list[int]], receiver: FrameReceiver, job: Callable[[int], EnvJob]) -> None:

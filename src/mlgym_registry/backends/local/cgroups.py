@@ -34,11 +34,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...machine import usable_cores
 from .limits import pid_alive
 
 AGENT, SPARE, EVAL = "agent", "spare", "eval"
 PARTS = (AGENT, SPARE, EVAL)
-CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+CPUS = usable_cores()
 ENV_SHARES = 1024 * CPUS
 """v1 ``cpu.shares`` of an env: what one ordinary (nice 0) process per CPU weighs beside it."""
 ENV_WEIGHT = min(100 * CPUS, 10_000)
