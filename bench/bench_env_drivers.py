@@ -47,6 +47,11 @@ Figures per driver and N:
 - first turn: seconds from the start of building the envs to the first round's observations (in-process), or from
   the command's start to its first recorded step (the command: interpreter start and imports included).
 
+With ``--sweeps S``, every driver measures all its widths in turn, S times over (1, 2, ..., 32, 1, 2, ...), and each
+width keeps its median: an in-process width pools the blocks of its sweeps and keeps the median block, the command
+keeps the sweep of median rate (every sweep's rate is printed under the table). On a shared machine whose load drifts
+over minutes, a single sweep can put a slow spell on one width alone and so bend its ratio; S = 3 makes that unlikely.
+
 Each in-process driver runs in a child process of its own (all its widths in turn), the command in one per N; every
 child runs in a session of its own, its process tree is watched while it runs, and whatever of it is left at the end
 is killed. A cell that takes longer than ``--budget`` seconds is stopped and marked skipped, and so are the larger N of
@@ -60,7 +65,7 @@ references. Nothing fails on a missed target: the table says met or NOT met.
 
     python bench/bench_env_drivers.py [--quick] [--widths 1,2,4,8,16,32] [--drivers loop,threads,processes,parallel,cli]
         [--task prisonersDilemma] [--turns 800] [--min-rounds 50] [--cli-steps 200] [--policy-delay 0] [--lockstep]
-        [--budget 300]
+        [--sweeps 1] [--budget 300]
 """
 
 from __future__ import annotations
@@ -103,7 +108,8 @@ DRIVERS = {
 """The drivers, in the table's order, with their row labels."""
 PROCESS_DRIVERS = ("processes", "parallel", "cli")
 """The drivers the issue's targets are for."""
-QUICK = ["--widths", "1,2,4", "--turns", "8", "--min-rounds", "3", "--cli-steps", "3", "--budget", "150"]
+QUICK = ["--widths", "1,2,4", "--turns", "8", "--min-rounds", "3", "--cli-steps", "3", "--budget", "150", "--sweeps",
+         "1"]
 """``--quick``: a smoke run of every driver (seconds per cell, not figures to quote)."""
 CELL = "CELL "
 """The prefix of a child's line that holds a measured cell, as JSON."""
@@ -129,8 +135,14 @@ class Cell:
     pss_mib: float | None = None
     note: str = ""
     command_seconds: float | None = None
-    block_rates: list[float] | None = None
+    blocks: list[tuple[int, float]] | None = None
     window: str | None = None
+    sweep_rates: list[float] | None = None
+
+    @property
+    def block_rates(self) -> list[float]:
+        """Turns/s of each timed block (in-process cells)."""
+        return [round(turns / spent, 1) for turns, spent in self.blocks or []]
 
     @property
     def rate(self) -> float | None:
@@ -382,9 +394,36 @@ def measure_cell(driver: str, task: str, width: int, turns: int, min_rounds: int
         pss = tree_pss(own_tree()) - before
     finally:
         stepper.close()
-    played, seconds = sorted(blocks, key=lambda block: block[0] / block[1])[len(blocks) // 2]
-    return Cell(driver, width, played, seconds, first_turn, pss / MIB,
-                block_rates=[round(turns / spent, 1) for turns, spent in blocks])
+    played, seconds = median_block(blocks)
+    return Cell(driver, width, played, seconds, first_turn, pss / MIB, blocks=blocks)
+
+
+def median_block(blocks: list[tuple[int, float]]) -> tuple[int, float]:
+    """The (turns, seconds) of the block whose rate is the median of ``blocks``'."""
+    return sorted(blocks, key=lambda block: block[0] / block[1])[len(blocks) // 2]
+
+
+def merged(sweeps: list[Cell]) -> Cell:
+    """One driver's cells at one N from every sweep, as one: in-process cells pool their blocks and keep the median
+    block; the command's cells keep the sweep of median rate. The memory and first turn are the sweeps' medians, and
+    every sweep's note is kept (a sweep that lost steps says so in the row)."""
+    measured = [cell for cell in sweeps if cell.rate is not None]
+    notes = "; ".join(dict.fromkeys(cell.note for cell in sweeps if cell.note))
+    if not measured:
+        return Cell(sweeps[0].driver, sweeps[0].width, note=notes)
+    rates = [round(cell.rate, 1) for cell in measured]
+    if all(cell.blocks for cell in measured):
+        blocks = [block for cell in measured for block in cell.blocks]
+        turns, seconds = median_block(blocks)
+        kept = Cell(measured[0].driver, measured[0].width, turns, seconds, blocks=blocks)
+    else:
+        kept = Cell(**asdict(sorted(measured, key=lambda cell: cell.rate)[len(measured) // 2]))
+    firsts = [cell.first_turn for cell in measured if cell.first_turn is not None]
+    memories = [cell.pss_mib for cell in measured if cell.pss_mib is not None]
+    kept.first_turn = statistics.median(firsts) if firsts else None
+    kept.pss_mib = statistics.median(memories) if memories else None
+    kept.note, kept.sweep_rates = notes, rates if len(sweeps) > 1 else None
+    return kept
 
 
 def serve_cells(driver: str, args: argparse.Namespace) -> None:
@@ -399,7 +438,7 @@ def serve_cells(driver: str, args: argparse.Namespace) -> None:
     # modules, the registry, the task) is not the envs' memory either
     with contextlib.suppress(Exception):  # a failure shows in the cells that follow, with its reason
         measure_cell(driver, args.task, 1, args.turns, args.min_rounds, args.policy_delay, timed=False)
-    for width in args.widths:
+    for width in swept(args):
         try:
             cell = measure_cell(driver, args.task, width, args.turns, args.min_rounds, args.policy_delay)
         except Exception as exc:  # noqa: BLE001 - reported in the driver's row, the next N still tried
@@ -512,14 +551,15 @@ def drive_in_process(driver: str, args: argparse.Namespace) -> list[Cell]:
     """Run an in-process driver's child over every width, each cell within its budget."""
     options = ["--cell-driver", driver, "--task", args.task, "--widths", ",".join(map(str, args.widths)),
                "--turns", str(args.turns), "--min-rounds", str(args.min_rounds),
-               "--policy-delay", str(args.policy_delay), *(["--lockstep"] if args.lockstep else [])]
+               "--policy-delay", str(args.policy_delay), "--sweeps", str(args.sweeps),
+               *(["--lockstep"] if args.lockstep else [])]
     # started with -c, not as a script: worker processes would import a script's modules again (as its __main__),
     # which is the script's memory, not the envs'
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
             f"from bench_env_drivers import main; main({options!r})")
     child = Child([sys.executable, "-c", code])
     cells: list[Cell] = []
-    pending = list(args.widths)
+    pending = swept(args)
     deadline = time.perf_counter() + args.budget
     try:
         while pending:
@@ -542,7 +582,18 @@ def drive_in_process(driver: str, args: argparse.Namespace) -> list[Cell]:
     finally:
         left = child.stop()
     cells[-1].note = left_behind(cells[-1].note, left)
-    return cells
+    return by_width(cells)
+
+
+def swept(args: argparse.Namespace) -> list[int]:
+    """The widths in the order they are measured: every width in turn, ``--sweeps`` times."""
+    return list(args.widths) * args.sweeps
+
+
+def by_width(cells: list[Cell]) -> list[Cell]:
+    """One cell per width (``merged`` over the sweeps), in the order of the widths."""
+    widths = list(dict.fromkeys(cell.width for cell in cells))
+    return [merged([cell for cell in cells if cell.width == width]) for width in widths]
 
 
 # -- the command ---------------------------------------------------------------------------------------------------
@@ -652,15 +703,16 @@ def drive_command(args: argparse.Namespace) -> list[Cell]:
         return completion(RESPONSE)
 
     cells: list[Cell] = []
+    widths = swept(args)
     with Endpoint(answer) as endpoint:
-        for index, width in enumerate(args.widths):
+        for index, width in enumerate(widths):
             cell = command_cell(width, args, endpoint.url)
             cells.append(cell)
             report_cell(cell)
             if cell.note.startswith("skipped"):
-                cells += skipped_after("cli", args.widths[index + 1:], f"skipped: N={width} was past its budget")
+                cells += skipped_after("cli", widths[index + 1:], f"skipped: N={width} was past its budget")
                 break
-    return cells
+    return by_width(cells)
 
 
 # -- the table -------------------------------------------------------------------------------------------------------
@@ -767,6 +819,8 @@ def print_table(results: dict[str, list[Cell]], widths: list[int], delay: float)
               + " |")
     for driver, cells in results.items():
         for cell in cells:
+            if cell.sweep_rates:
+                print(f"   sweeps, {driver} N={cell.width}: {', '.join(map(str, cell.sweep_rates))} turns/s")
             if cell.note:
                 print(f"   note, {driver} N={cell.width}: {cell.note}")
 
@@ -793,11 +847,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--policy-delay", type=float, default=0.0, help="seconds each policy answer takes")
     parser.add_argument("--lockstep", action="store_true",
                         help="the pools play rounds in lockstep (send all N, wait for all N) instead of streaming")
+    parser.add_argument("--sweeps", type=int, default=1, help="measure every width in turn this many times and keep "
+                        "each width's median (on a shared machine whose load drifts, 3 keeps a slow spell from "
+                        "landing on one width alone)")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds a cell may take before it is skipped")
     parser.add_argument("--cell-driver", choices=list(STEPPERS), help=argparse.SUPPRESS)  # a driver's child
     args = parser.parse_args(argv)
     if args.quick:  # the quick settings, then whatever the command line says
         args = parser.parse_args([*QUICK, *argv])
+    if args.sweeps < 1:
+        parser.error(f"--sweeps {args.sweeps}: give 1 or more")
     unknown = set(args.drivers.split(",")) - set(DRIVERS)
     if unknown:
         parser.error(f"--drivers: unknown {', '.join(sorted(unknown))}; choose among {', '.join(DRIVERS)}")

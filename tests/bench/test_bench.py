@@ -110,3 +110,22 @@ def test_env_drivers_bench_rates_the_command_while_every_env_plays():
     # from 2.0 s (both episodes have a step) to 4.0 s (the first has all 8): 15 - 4 turns in 2 s
     assert module.all_playing(progress, width=2, steps=8) == (11, 2.0, 2.0, 4.0)
     assert module.all_playing([(1.0, [8, 8])], width=2, steps=8) is None  # never seen with both playing
+
+
+def test_env_drivers_bench_keeps_each_widths_median_over_its_sweeps():
+    module = load_bench_script("bench_env_drivers.py")
+    Cell = module.Cell
+    # in-process cells pool their blocks: the median of 2+3 blocks is the 50 turns/s one, whichever sweep it is in
+    slow = Cell("processes", 2, 20, 1.0, first_turn=1.0, pss_mib=10.0, blocks=[(10, 1.0), (20, 1.0)])
+    fast = Cell("processes", 2, 80, 1.0, first_turn=3.0, pss_mib=30.0, blocks=[(50, 1.0), (90, 1.0), (80, 1.0)])
+    kept = module.merged([slow, fast])
+    assert (kept.turns, kept.seconds, kept.rate) == (50, 1.0, 50.0)
+    assert (kept.first_turn, kept.pss_mib, kept.sweep_rates) == (2.0, 20.0, [20.0, 80.0])
+    # the command keeps the sweep of median rate, and a sweep that lost steps is never hidden by the others
+    sweeps = [Cell("cli", 32, 100, 1.0), Cell("cli", 32, 300, 1.0, note="lost steps: 1 episodes recorded 3-4 of 5"),
+              Cell("cli", 32, 200, 1.0)]
+    kept = module.merged(sweeps)
+    assert kept.rate == 200.0 and "lost steps" in kept.note and kept.sweep_rates == [100.0, 300.0, 200.0]
+    # one sweep per width: as measured, no sweep rates printed
+    assert module.merged([Cell("cli", 1, 10, 2.0)]).sweep_rates is None
+    assert [cell.width for cell in module.by_width([Cell("cli", 1), Cell("cli", 2), Cell("cli", 1)])] == [1, 2]
