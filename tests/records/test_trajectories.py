@@ -8,11 +8,13 @@ import pytest
 from conftest import recorded_results
 from outside_data import recorded_run_params
 
+from mlgym_registry.records import trajectories
 from mlgym_registry.records.trajectories import (
     STEP_KEYS,
     Step,
     TrajectoryError,
     TrajectoryWriter,
+    lined_json,
     load_results,
     load_traj,
     trajectory_from_dict,
@@ -71,6 +73,38 @@ def test_a_batch_of_writer_calls_saves_once_at_its_end_one_step_a_line(tmp_path)
     assert lines[:3] == ['{', '  "environment": "mlgym_registry",', '  "trajectory": [']
     assert [json.loads(line.rstrip(","))["action"] for line in lines[3:5]] == ["ls -a\n", "submit\n"]
     assert len([line for line in lines if line.startswith('    {"role": ')]) == 5
+
+
+def test_each_save_writes_the_whole_trajectory_as_it_is_encoding_only_what_was_added(tmp_path):
+    """The ``.traj`` written after every step is the text of the whole trajectory (``lined_json`` of its
+    ``to_dict``), token ids kept against the previous step; a save encodes only the steps and messages recorded
+    since the last one, so a step costs the same at any length of episode."""
+    writer = TrajectoryWriter(tmp_path, "t", provenance={"command": "run"})
+    writer.system("system prompt")
+    encoded = []
+
+    class CountedStep(type(make_step())):
+        def to_dict(self, previous=None):
+            encoded.append(self.action)
+            return super().to_dict(previous)
+
+    for turn in range(30):
+        writer.user(f"prompt {turn}")
+        step = CountedStep(**vars(make_step(f"echo {turn}\n")))
+        step.prompt_tokens, step.response_tokens = list(range(turn * 3 + 2)), [turn * 3, turn * 3 + 1]
+        encoded.clear()
+        writer.step(step, info={"score": [{"Score": float(turn)}]})
+        assert encoded == [f"echo {turn}\n"]  # this step only
+        expected = writer.trajectory().to_dict()
+        expected["run"] = writer.provenance
+        assert writer.traj_path.read_text() == lined_json(expected, default=trajectories._default)
+    loaded = load_traj(writer.traj_path)
+    assert loaded.turn_tokens()[29] == (list(range(89)), [87, 88], None)  # 86 ids kept from step 28, then 3 new
+    assert json.loads(writer.traj_path.read_text())["trajectory"][29]["prompt_tokens_kept"] == 86
+    # a step replaced in the list (never done by the writer itself) is written as it now is
+    writer.steps[5] = make_step("replaced\n")
+    writer.save()
+    assert load_traj(writer.traj_path).steps[5].action == "replaced\n"
 
 
 def test_writer_turns_numpy_and_paths_into_json(tmp_path):

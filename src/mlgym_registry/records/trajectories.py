@@ -296,22 +296,54 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
         raise
 
 
-def lined_json(data: dict[str, Any], default: Callable[[Any], Any] | None = None) -> str:
+def lined_json(data: dict[str, Any], default: Callable[[Any], Any] | None = None,
+               encoded: dict[str, list[str]] | None = None) -> str:
     """A JSON object as text with each of its keys on a line of its own, and each item of a list value on a line of
-    its own (a trajectory's steps, its messages), each item written compactly.
+    its own (a trajectory's steps, its messages), each item written compactly. ``encoded``: for some list keys, their
+    items already written (``item_json``), used instead of the values in ``data``.
 
     ``json.dumps(indent=2)`` reads alike, but any ``indent`` makes ``json`` use its pure-Python encoder, about ten
     times slower than its C one: a trajectory is written again at every step, and at 200 steps that cost a run's
     recording process more CPU than the envs it recorded."""
-    encode = json.JSONEncoder(default=default).encode
+    encode = item_json(default)
     lines = []
     for key, value in data.items():
-        if isinstance(value, list) and value:
-            items = ",\n    ".join(encode(item) for item in value)
-            lines.append(f"  {encode(key)}: [\n    {items}\n  ]")
+        items = (encoded or {}).get(key)
+        if items is None and isinstance(value, list):
+            items = [encode(item) for item in value]
+        if items:
+            lines.append(f"  {encode(key)}: [\n    " + ",\n    ".join(items) + "\n  ]")
         else:
             lines.append(f"  {encode(key)}: {encode(value)}")
     return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def item_json(default: Callable[[Any], Any] | None = None) -> Callable[[Any], str]:
+    """The compact encoder ``lined_json`` writes each item with (``json``'s C encoder)."""
+    return json.JSONEncoder(default=default).encode
+
+
+@dataclass
+class _EncodedItems:
+    """The items of one of a writer's lists already written as JSON (``item_json``), in order: a trajectory only
+    grows, so a save encodes only what was added since the last one, and costs the same at any episode length."""
+
+    items: list[Any] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def update(self, items: list[Any], encode: Callable[[int], str]) -> list[str]:
+        """The lines of ``items``: those kept from the last call while ``items`` starts with the same objects, the
+        others written by ``encode(index)``."""
+        kept = 0
+        for known, item in zip(self.items, items, strict=False):
+            if known is not item:
+                break
+            kept += 1
+        del self.items[kept:], self.lines[kept:]
+        for index in range(kept, len(items)):
+            self.lines.append(encode(index))
+            self.items.append(items[index])
+        return self.lines
 
 
 @dataclass
@@ -336,6 +368,8 @@ class TrajectoryWriter:
     _unsaved: bool | None = field(default=None, init=False, repr=False)
     """None: nothing waits to be saved; else a save is due at the end of the batch (True: an ``fsync``'d one)."""
     _results_written: str | None = field(default=None, init=False, repr=False)
+    _steps_written: _EncodedItems = field(default_factory=_EncodedItems, init=False, repr=False)
+    _history_written: _EncodedItems = field(default_factory=_EncodedItems, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -441,14 +475,26 @@ class TrajectoryWriter:
             self._unsaved = bool(self._unsaved) or durable
             return
         self._unsaved = None
-        trajectory = self.trajectory().to_dict()
-        if self.provenance is not None:
-            trajectory["run"] = self.provenance
-        atomic_write_text(self.traj_path, lined_json(trajectory, default=_default), durable=durable)
+        atomic_write_text(self.traj_path, self._traj_text(), durable=durable)
         results = json.dumps(self.results(), indent=2, default=_default)
         if results != self._results_written or durable:
             atomic_write_text(self.results_path, results, durable=durable)
             self._results_written = results
+
+
+    def _traj_text(self) -> str:
+        """The ``.traj`` text of what is recorded (``Trajectory.to_dict`` written by ``lined_json``), each step and
+        message encoded once, when first saved: steps and messages are never changed once recorded."""
+        encode, steps, history = item_json(_default), self.steps, self.history
+        trajectory = {"environment": self.environment, "trajectory": steps, "history": history, "info": self.info}
+        if self.provenance is not None:
+            trajectory["run"] = self.provenance
+        encoded = {
+            "trajectory": self._steps_written.update(
+                steps, lambda index: encode(steps[index].to_dict(steps[index - 1] if index else None))),
+            "history": self._history_written.update(history, lambda index: encode(history[index])),
+        }
+        return lined_json(trajectory, default=_default, encoded=encoded)
 
 
 def _default(value: Any) -> Any:
