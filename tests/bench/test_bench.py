@@ -129,3 +129,21 @@ def test_env_drivers_bench_keeps_each_widths_median_over_its_sweeps():
     # one sweep per width: as measured, no sweep rates printed
     assert module.merged([Cell("cli", 1, 10, 2.0)]).sweep_rates is None
     assert [cell.width for cell in module.by_width([Cell("cli", 1), Cell("cli", 2), Cell("cli", 1)])] == [1, 2]
+
+
+def test_env_drivers_bench_counts_the_steps_each_record_holds(tmp_path):
+    from mlgym_registry.records.trajectories import Step, TrajectoryWriter
+
+    module = load_bench_script("bench_env_drivers.py")
+    for episode, steps in enumerate([0, 1, 7]):
+        writer = TrajectoryWriter(tmp_path / f"episode{episode}", "prisonersDilemma")
+        writer.system("system prompt")
+        for turn in range(steps):
+            writer.user(f"prompt {turn}")
+            # an observation that holds what a step line starts with counts nothing: only the step lines do
+            writer.step(Step(action="echo hi\n", observation='\n    {"action": "x"}', response="r", state="{}",
+                             thought="t"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "t.traj").write_text(json.dumps({"trajectory": [{}, {}], "history": []}, indent=4))
+    (tmp_path / "other" / "u.traj").write_text('{"trajectory": [')  # being rewritten
+    assert module.recorded_steps(tmp_path) == [0, 1, 7, 2, 0]
