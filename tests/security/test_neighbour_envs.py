@@ -272,6 +272,29 @@ def test_an_evaluation_that_uses_its_time_is_the_agents_failure(mini_spec, tmp_p
         env.close()
 
 
+def watched_clocks(monkeypatch) -> list[eval_clock.EvaluationClock]:
+    """The evaluation clocks made from now on (each still the real clock), so that a failure can say what they read."""
+    clocks: list[eval_clock.EvaluationClock] = []
+    made = eval_clock.EvaluationClock.__post_init__
+
+    def keep(clock: eval_clock.EvaluationClock) -> None:
+        made(clock)
+        clocks.append(clock)
+
+    monkeypatch.setattr(eval_clock.EvaluationClock, "__post_init__", keep)
+    return clocks
+
+
+def clock_figures(clocks: list[eval_clock.EvaluationClock], evaluation: dict[str, float]) -> str:
+    """What the last clock read: its stall, the CPU it counted, whether it could read the cgroup at all."""
+    if not clocks:
+        return "no evaluation clock was made"
+    clock = clocks[-1]
+    first = "none" if clock.first is None else "made"
+    return (f"evaluation took {evaluation.get('took', float('nan')):.2f} s; its clock counted a stall of "
+            f"{clock.stall:.2f} s and {clock.ran:.2f} s of CPU; first reading {first}")
+
+
 def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path, monkeypatch):
     """The machine's load (busy processes outside every env, and this env's CPU weight lowered from the host) leaves
     an honest evaluation no CPU: at the wall-time backstop it is the machine's failure, not the agent's.
@@ -283,6 +306,7 @@ def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path
     hogs: list[subprocess.Popen] = []
     evaluation: dict[str, float] = {}
     evaluate = env._evaluate
+    clocks = watched_clocks(monkeypatch)
 
     def starved_evaluate(info, action):
         if "cpu" in envelope.roots:
@@ -302,7 +326,8 @@ def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path
             pytest.skip(f"needs a CPU weight of the env's own on this host: {env.notes}")
         monkeypatch.setattr(env, "_evaluate", starved_evaluate)
         observation, _, _, info = env.step("validate")
-        assert info["evaluation_status"] == "infra_error", observation
+        figures = clock_figures(clocks, evaluation)  # read on every run, so that a failure can always say them
+        assert info["evaluation_status"] == "infra_error", f"{observation} ({figures})"
         assert "the machine's load, not the submission's fault" in observation, observation
         took = evaluation["took"]
         assert eval_clock.backstop(2) <= took < eval_clock.backstop(2) + 30, took  # stopping starved processes
