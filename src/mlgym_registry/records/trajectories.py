@@ -481,7 +481,6 @@ class TrajectoryWriter:
             atomic_write_text(self.results_path, results, durable=durable)
             self._results_written = results
 
-
     def _traj_text(self) -> str:
         """The ``.traj`` text of what is recorded (``Trajectory.to_dict`` written by ``lined_json``), each step and
         message encoded once, when first saved: steps and messages are never changed once recorded."""
