@@ -98,6 +98,8 @@ from bench_evaluation import load as load_averages  # noqa: E402
 from bench_parallel import load, warm_up  # noqa: E402
 from bench_training import RESPONSE, pool_round, verdict  # noqa: E402
 
+from mlgym_registry.machine import usable_cores  # noqa: E402
+
 DRIVERS = {
     "loop": "one env after another in a loop",
     "threads": "AsyncEnvPool, threads",
@@ -148,11 +150,6 @@ class Cell:
     def rate(self) -> float | None:
         """Turns per second while playing, or None without figures."""
         return self.turns / self.seconds if self.turns and self.seconds > 0 else None
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def tree_pss(processes: list[psutil.Process]) -> int:
@@ -301,7 +298,7 @@ class ProcessPoolStepper(PoolStepper):
 
         with warm_workers():
             return AsyncEnvPool([WithParentEnviron(factory)] * width, backend="multiprocessing", exchange="queue",
-                                envs_per_worker=math.ceil(width / cores()))
+                                envs_per_worker=math.ceil(width / usable_cores()))
 
 
 class ParallelStepper(Stepper):
@@ -778,7 +775,7 @@ def targets(driver: str, cells: dict[int, Cell], delay: float) -> str:
     if driver not in PROCESS_DRIVERS:
         return "- (reference)"
     ratio = ratios(cells)
-    at_cores, plateau = cores(), 16 * cores()
+    at_cores, plateau = usable_cores(), 16 * usable_cores()
     parts = []
     if at_cores in ratio:
         parts.append(f"N={at_cores} >= {GROWTH_TARGET}x: {verdict(ratio[at_cores] >= GROWTH_TARGET)}")
@@ -890,7 +887,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[Cell]]:
         return {}
     chosen = [driver for driver in DRIVERS if driver in args.drivers.split(",")]
     started = time.perf_counter()
-    print(f"many envs driven five ways: {args.task}, {cores()} cores, widths {args.widths}, in-process cells "
+    print(f"many envs driven five ways: {args.task}, {usable_cores()} cores, widths {args.widths}, in-process cells "
           f"{args.min_rounds}+ turns per env, the command {args.cli_steps} steps per episode, policy delay "
           f"{args.policy_delay:g} s, budget {args.budget:g} s a cell; load averages {load_averages()}", flush=True)
     results: dict[str, list[Cell]] = {}

@@ -408,9 +408,9 @@ def measure_pool(sizes: list[int], steps: int) -> float:
     """Turns/s of ``AsyncEnvPool``s of ``sizes`` real envs, threading and multiprocessing, rounds interleaved.
 
     Returns the threading pool's turns/s at the largest size over one env's."""
-    import os
+    from mlgym_registry.machine import usable_cores
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     settings = [(backend, size) for backend in POOL_BACKENDS for size in sizes]
     pools: dict[tuple[str, int], AsyncEnvPool] = {}
     states: dict[tuple[str, int], TensorDictBase] = {}

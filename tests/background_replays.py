@@ -90,11 +90,10 @@ def expected_cost(path: Path) -> int:
 
 
 def replay_workers() -> int:
-    """One replay per core: a replay mostly waits on its evaluations, each a pair of processes taking turns."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    """One replay per core, as ``mlgym-registry replay`` runs them (``commands.replay.default_jobs``)."""
+    from mlgym_registry.machine import usable_cores
+
+    return usable_cores()
 
 
 def owner_alive(owner: Path) -> bool:

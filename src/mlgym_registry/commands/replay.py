@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..machine import usable_cores
 from ..records.recorded_files import first_windows, task_kept, with_recorded_starters
 from ..records.regular_files import split_regular
 from ..records.trajectories import load_recorded
@@ -269,8 +270,6 @@ def recorded_paths(arguments: list[str]) -> list[Path]:
 
 def default_jobs() -> int:
     """One replay per core: a replay mostly waits on its evaluations, each a pair of processes taking turns."""
-    from ..machine import usable_cores
-
     return usable_cores()
 
 
