@@ -147,3 +147,82 @@ def test_a_conversation_unbound_along_its_batch_dim_holds_the_same_messages():
     (unbound,) = longer._tensordict.unbind(0)
     assert as_dicts(history_from(list(unbound.tensordicts)))[-1] == {"role": "assistant", "content": "an answer"}
     assert history._tensordict.view(-1).batch_size == (5,)
+
+
+def rendered(turns: int) -> str:
+    """A chat-templated prompt of ``turns`` turns, as the env's ``text.prompt`` grows: each one starts with the last."""
+    system = "<|im_start|>system\n" + "Follow the task. " * 200 + "<|im_end|>\n"
+    body = "".join(f"<|im_start|>user\nobservation {turn} ✓\n<|im_end|>\n<|im_start|>assistant\nreply {turn}\n"
+                   "<|im_end|>\n" for turn in range(turns))
+    return system + body + "<|im_start|>assistant\n"
+
+
+def test_a_growing_prompt_crosses_as_what_the_other_end_lacks_of_it():
+    worker, trainer = Wire(), Wire()
+    sizes = []
+    for turn in range(1, 120):
+        prompt = rendered(turn)
+        payload = worker.encode("env", {"text": {"prompt": prompt, "response": None}, "query": "short"})
+        sizes.append(len(payload))
+        state = trainer.decode("env", payload)
+        assert state["text"]["prompt"] == prompt and state["query"] == "short"
+        # the trainer sends it back with the policy's answer, as the pool's next step does
+        answer = f"reply {turn}" * 300  # long, and new to both ends
+        back = worker.decode("env", trainer.encode("env", {"text": {"prompt": state["text"]["prompt"],
+                                                                      "response": answer}}))
+        assert back["text"] == {"prompt": prompt, "response": answer}
+    assert len(rendered(119)) > 3 * len(rendered(1))
+    assert max(sizes[-20:]) <= 1.1 * max(sizes[1:21]), sizes
+    # the system part (over 3,000 characters) crossed once, on the first turn only
+    assert sizes[0] > len(rendered(1)) > 3000 > 1000 > max(sizes[1:]), sizes
+    # a string that shares only its start with what crossed before, and one that crossed whole before
+    forked = rendered(50)[:4000] + "a different ending" * 200
+    for text in (forked, forked, rendered(3)):
+        assert trainer.decode("env", worker.encode("env", {"prompt": text}))["prompt"] == text
+
+
+def test_a_string_that_arrives_out_of_step_says_so():
+    sender, receiver = Wire(), Wire()
+    sender.encode("env", {"prompt": rendered(3)})  # never delivered
+    payload = sender.encode("env", {"prompt": rendered(4)})
+    with pytest.raises(WireOutOfStep, match="one end missed a message"):
+        receiver.decode("env", payload)
+
+
+def test_strings_long_or_odd_cross_unchanged():
+    sender, receiver = Wire(), Wire()
+    texts = ["x" * 5000, "x" * 5000 + "\ud800 lone surrogate", "é" * 3000, "x" * 2500, "", "short"]
+    for text in texts:
+        assert receiver.decode("env", sender.encode("env", {"value": text}))["value"] == text
+
+
+def test_a_pool_reads_its_env_indices_without_unbinding_the_conversations(monkeypatch):
+    """``AsyncEnvPool`` flattens the batch it is sent (``view(-1)``) only to read each env's index: that view
+    unbinds no conversation, while a user's own ``view(-1)`` of the same batch is as tensordict makes it."""
+    from tensordict._td import _SubTensorDict
+    from torchrl.envs import AsyncEnvPool
+
+    from mlgym_registry.transforms.history import MessageStack
+
+    factories = [WithParentEnviron(EnvFactory.from_spec(TASK)) for _ in range(2)]
+    with warm_workers():
+        pool = AsyncEnvPool(factories, backend="multiprocessing", exchange="queue")
+    unbound = []
+    original = MessageStack._unbind
+    monkeypatch.setattr(MessageStack, "_unbind", lambda self, dim: unbound.append(dim) or original(self, dim))
+    try:
+        batch = pool.reset()
+        for round_ in range(3):
+            batch["text", "response"] = [[reply(round_)]] * 2
+            unbound.clear()
+            pool.async_step_and_maybe_reset_send(batch)
+            assert unbound == []
+            _, batch = pool.async_step_and_maybe_reset_recv(min_get=2)
+            assert sorted(batch.get("env_index").tolist()) == [[0], [1]]
+        flat = batch.view(-1)
+        assert unbound  # the user's view is tensordict's own
+        assert flat.batch_size == (2,)
+        assert not any(isinstance(row, _SubTensorDict) for row in flat.tensordicts)
+        assert [as_dicts(flat[index]["history"].prompt) for index in range(2)] == conversations(batch)
+    finally:
+        pool.close()

@@ -9,7 +9,10 @@ turn through the pool went from 18 to 100 ms over 90 turns while the env stepped
 Both ends of the queue keep, per env, the last few message lists they exchanged (``Wire``): messages are written once
 and never changed in place (``history.MessageStack``), so the sender finds the longest run of leading messages that the
 receiver already holds (by identity, ``common_prefix``) and sends only where that run starts and what follows it; the
-receiver builds the same stack from its own copies. Both ends update their lists in the same order (a queue delivers
+receiver builds the same stack from its own copies. Long strings cross the same way: the prompt a chat template renders
+(``text.prompt``) is the whole conversation again, one turn longer than the last, so each end also keeps the last few
+long strings exchanged, and a long string crosses as which of them it starts like, for how many characters, and the
+rest. Both ends update their lists in the same order (a queue delivers
 in order, and each env's requests and replies alternate), and each payload carries the count of updates it expects
 the receiver to have made, so an end that went out of step fails loudly instead of building a wrong conversation.
 
@@ -34,12 +37,17 @@ from typing import Any
 
 import numpy
 import torch
-from tensordict import TensorDictBase
 
 from .history import MessageStack, common_prefix
 
 RECENT_LISTS = 4
 """Message lists remembered per env: one output holds several histories (before the step, after it, the reset's)."""
+
+LONG_TEXT = 2048
+"""Characters from which a string outside a conversation stack crosses as what the other end lacks of it."""
+
+RECENT_TEXTS = 6
+"""Long strings remembered per env: an output holds a few (the prompt before the step, after it, the reset's)."""
 
 MAX_ENVS = 4096
 """Envs whose lists a process keeps; the least recently used are forgotten (a pool gone). An env that was closed keeps
@@ -58,10 +66,15 @@ class _Known:
     """What both ends hold of one env's conversations: the last message lists exchanged, and how many updates."""
 
     lists: deque = field(default_factory=lambda: deque(maxlen=RECENT_LISTS))
+    texts: deque = field(default_factory=lambda: deque(maxlen=RECENT_TEXTS))
     updates: int = 0
 
     def remember(self, messages: list[Any]) -> None:
         self.lists.append(messages)
+        self.updates += 1
+
+    def remember_text(self, text: str) -> None:
+        self.texts.append(text)
         self.updates += 1
 
 
@@ -142,22 +155,39 @@ def _queue_destination() -> int | None:
 
 
 def _messages_of(value: Any) -> list[Any] | None:
-    """The message tensordicts of a conversation stack, or None for anything else."""
-    if isinstance(value, MessageStack) and all(isinstance(item, TensorDictBase) for item in value.tensordicts):
-        return value.tensordicts
-    return None
+    """The message tensordicts of a conversation stack (a lazy stack holds tensordicts only), or None for anything
+    else."""
+    return value.tensordicts if isinstance(value, MessageStack) else None
 
 
-class _Encoder(pickle.Pickler):
-    """A pickler that writes each conversation stack as (which list, how many of its messages, the rest)."""
+class _TensorPickler(pickle.Pickler):
+    """A pickler that writes plain CPU tensors as their raw bytes (``_tensor_bytes``)."""
+
+    def __init__(self, file: io.BytesIO):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def persistent_id(self, obj: Any) -> Any:
+        return _tensor_bytes(obj) if type(obj) is torch.Tensor else None
+
+
+class _Encoder(_TensorPickler):
+    """A pickler that writes each conversation stack as (which list, how many of its messages, the rest) and each
+    long string as (which string, how many of its characters, the rest).
+
+    Pickle asks ``persistent_id`` about what a persistent id holds too, after the id was made: what an id carries is
+    therefore bytes (pickled apart, or encoded), so that the strings and stacks both ends remember are the same ones,
+    in the same order, on each side."""
 
     def __init__(self, file: io.BytesIO, known: _Known):
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        super().__init__(file)
         self._known = known
 
     def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is torch.Tensor:
+        kind = type(obj)
+        if kind is torch.Tensor:
             return _tensor_bytes(obj)
+        if kind is str:
+            return _encoded_text(self._known, obj) if len(obj) >= LONG_TEXT else None
         messages = _messages_of(obj)
         return None if messages is None else _encoded(self._known, obj, messages)
 
@@ -188,26 +218,96 @@ def _encoded(known: _Known, stack: MessageStack, messages: list[Any]) -> tuple:
     expected = known.updates
     known.remember(list(messages))
     shape = (stack.stack_dim, tuple(stack.batch_size), stack._message_keys, stack._td_dim_name)
-    return ("conversation", expected, best, shared, list(messages[shared:]), shape)
+    return ("conversation", expected, best, shared, _plain_bytes(list(messages[shared:])), shape)
+
+
+def _encoded_text(known: _Known, text: str) -> tuple:
+    """``text`` as (which of ``known``'s strings it starts like, for how many characters, the rest as UTF-8) and the
+    update count the receiver must have reached; ``known`` remembers it."""
+    best, shared = -1, 0
+    for index in range(len(known.texts) - 1, -1, -1):
+        count = common_text_prefix(known.texts[index], text)
+        if count > shared:
+            best, shared = index, count
+            if shared == len(text):
+                break
+    expected = known.updates
+    known.remember_text(text)
+    return ("text", expected, best, shared, text[shared:].encode("utf-8", "surrogatepass"))
+
+
+def common_text_prefix(a: str, b: str) -> int:
+    """How many leading characters the strings ``a`` and ``b`` share, compared at C speed (a bisection over
+    ``startswith``: the usual case, one a prefix of the other, costs one comparison)."""
+    if b.startswith(a):
+        return len(a)
+    if a.startswith(b):
+        return len(b)
+    low, high = 0, min(len(a), len(b))  # a[:low] == b[:low], and they differ within a[:high + 1]
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a.startswith(b[low:middle], low):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _plain_bytes(value: Any) -> bytes:
+    """``value`` pickled on its own, tensors as raw bytes."""
+    buffer = io.BytesIO()
+    _TensorPickler(buffer).dump(value)
+    return buffer.getvalue()
+
+
+def _out_of_step(token: str, expected: int, known: _Known) -> WireOutOfStep:
+    return WireOutOfStep(
+        f"env {token}'s conversation arrived after {expected} exchanges but this process counted "
+        f"{known.updates}: a tensordict of one env was sent to another env's worker, or one end "
+        "missed a message. Send each env the tensordict the pool returned for it.")
 
 
 def _decoded(known: _Known, pid: Any, token: str) -> MessageStack:
     """The stack ``_encoded`` described, rebuilt from ``known``'s lists (which then remember its messages)."""
     kind, expected, best, shared, new, shape = pid
     if kind != "conversation" or expected != known.updates:
-        raise WireOutOfStep(
-            f"env {token}'s conversation arrived after {expected} exchanges but this process counted "
-            f"{known.updates}: a tensordict of one env was sent to another env's worker, or one end "
-            "missed a message. Send each env the tensordict the pool returned for it.")
+        raise _out_of_step(token, expected, known)
     if shared and not (0 <= best < len(known.lists) and shared <= len(known.lists[best])):
         raise WireOutOfStep(f"env {token}'s conversation shares {shared} messages with a list this process lacks")
-    messages = (known.lists[best][:shared] if shared else []) + list(new)
+    messages = (known.lists[best][:shared] if shared else []) + _TensorUnpickler(io.BytesIO(new)).load()
     known.remember(list(messages))
     return _stack_of(messages, *shape)
 
 
+def _decoded_text(known: _Known, pid: tuple, token: str) -> str:
+    """The string ``_encoded_text`` described, rebuilt from ``known``'s strings (which then remember it)."""
+    _, expected, best, shared, rest = pid
+    if expected != known.updates:
+        raise _out_of_step(token, expected, known)
+    if shared and not (0 <= best < len(known.texts) and shared <= len(known.texts[best])):
+        raise WireOutOfStep(f"env {token}'s string shares {shared} characters with a string this process lacks")
+    text = rest.decode("utf-8", "surrogatepass")
+    if shared:
+        text = known.texts[best][:shared] + text
+    known.remember_text(text)
+    return text
+
+
+def _tensor_from(pid: tuple) -> torch.Tensor:
+    """The tensor ``_tensor_bytes`` described."""
+    _, name, shape, raw = pid
+    return torch.from_numpy(numpy.frombuffer(bytearray(raw), dtype=name).reshape(shape))
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    """The unpickler of what ``_TensorPickler`` wrote."""
+
+    def persistent_load(self, pid: Any) -> Any:
+        return _tensor_from(pid)
+
+
 class _Decoder(pickle.Unpickler):
-    """The unpickler that rebuilds what ``_Encoder`` wrote from this end's own message lists."""
+    """The unpickler that rebuilds what ``_Encoder`` wrote from this end's own message lists and strings."""
 
     def __init__(self, file: io.BytesIO, known: _Known, token: str):
         super().__init__(file)
@@ -215,9 +315,11 @@ class _Decoder(pickle.Unpickler):
         self._token = token
 
     def persistent_load(self, pid: Any) -> Any:
-        if pid[0] == "tensor":
-            _, name, shape, raw = pid
-            return torch.from_numpy(numpy.frombuffer(bytearray(raw), dtype=name).reshape(shape))
+        kind = pid[0]
+        if kind == "tensor":
+            return _tensor_from(pid)
+        if kind == "text":
+            return _decoded_text(self._known, pid, self._token)
         return _decoded(self._known, pid, self._token)
 
 
