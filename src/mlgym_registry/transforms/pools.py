@@ -64,6 +64,14 @@ class PoolOutput(TensorDict):
         result._mlgym_env = self._mlgym_env
         return result
 
+    def unbind(self, dim: int) -> tuple[TensorDictBase, ...]:
+        # an AsyncEnvPool flattens its batch of outputs (``view(-1)``) at every send only to read each env's index,
+        # then drops the flattened copy: there each env's row is a view into this output, read where asked, rather
+        # than every key of the output (each conversation, each string) unbound into a new tensordict
+        if dim == 0 and self.batch_dims == 1 and reading_env_indices():
+            return tuple(self._get_sub_tensordict(index) for index in range(self.batch_size[0]))
+        return super().unbind(dim)
+
     def __reduce_ex__(self, protocol: int) -> Any:
         token = self._mlgym_env
         if token is None or not pool_wire.may_encode(token):
@@ -90,6 +98,30 @@ def called_by_pool(depth: int = 2) -> bool:
     caller's locals would keep them (the env itself, in a user's function) alive in the frame's snapshot of them."""
     module = _pool_module()
     return module is not None and sys._getframe(depth).f_code.co_filename == module.__file__
+
+
+_INDEX_READER = "_maybe_make_tensordict"
+"""The ``AsyncEnvPool`` method that flattens a batch of outputs only to read their env indices."""
+
+_INDEX_READER_FRAMES = 8
+"""How far up the stack it is looked for (tensordict's ``view``, its decorator and ``_view`` sit in between)."""
+
+
+def reading_env_indices(depth: int = 2) -> bool:
+    """Whether the function ``depth`` frames up runs inside ``AsyncEnvPool._maybe_make_tensordict``, whose
+    ``view(-1)`` of a batch of outputs serves only to read each env's index (told by the code alone, no locals)."""
+    module = _pool_module()
+    if module is None:
+        return False
+    frame = sys._getframe(depth)
+    for _ in range(_INDEX_READER_FRAMES):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name == _INDEX_READER and code.co_filename == module.__file__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def for_pool(tensordict: TensorDictBase, env: str | None = None) -> TensorDictBase:
