@@ -13,7 +13,7 @@ import pytest
 from mlgym_registry.scale.parallel import EnvFactory
 from mlgym_registry.scale.workers import WithParentEnviron, warm_workers
 from mlgym_registry.transforms.history import as_dicts, extend_history, history_from, message
-from mlgym_registry.transforms.pool_wire import Wire, WireOutOfStep
+from mlgym_registry.transforms.pool_wire import MIN_SHARED_TEXT, Wire, WireOutOfStep, common_text_prefix
 
 TASK = "prisonersDilemma"
 MAX_TURNS = (3, 5)
@@ -226,3 +226,13 @@ def test_a_pool_reads_its_env_indices_without_unbinding_the_conversations(monkey
         assert [as_dicts(flat[index]["history"].prompt) for index in range(2)] == conversations(batch)
     finally:
         pool.close()
+
+
+def test_two_strings_share_exactly_their_common_start():
+    base = "".join(chr(0x61 + (index * 7) % 26) for index in range(5000))
+    for at in (MIN_SHARED_TEXT, MIN_SHARED_TEXT + 1, 1000, 2047, 4999):
+        other = base[:at] + ("#" if base[at] != "#" else "$") + base[at + 1:]
+        assert common_text_prefix(base, other) == common_text_prefix(other, base) == at
+    assert common_text_prefix(base, base + "more") == common_text_prefix(base + "more", base) == len(base)
+    assert common_text_prefix(base, "#" + base[1:]) == 0
+    assert common_text_prefix(base, base[:10] + "#" + base[11:]) == 0  # fewer than MIN_SHARED_TEXT in common

@@ -46,8 +46,12 @@ RECENT_LISTS = 4
 LONG_TEXT = 2048
 """Characters from which a string outside a conversation stack crosses as what the other end lacks of it."""
 
-RECENT_TEXTS = 6
-"""Long strings remembered per env: an output holds a few (the prompt before the step, after it, the reset's)."""
+RECENT_TEXTS = 12
+"""Long strings remembered per env: an exchange holds several (the prompt before the step and after it, in both
+outputs, and any long observation beside them), and the prompt must still be there at the next exchange."""
+
+MIN_SHARED_TEXT = 256
+"""Leading characters two strings must share for one to cross as a reference to the other."""
 
 MAX_ENVS = 4096
 """Envs whose lists a process keeps; the least recently used are forgotten (a pool gone). An env that was closed keeps
@@ -238,11 +242,14 @@ def _encoded_text(known: _Known, text: str) -> tuple:
 
 def common_text_prefix(a: str, b: str) -> int:
     """How many leading characters the strings ``a`` and ``b`` share, compared at C speed (a bisection over
-    ``startswith``: the usual case, one a prefix of the other, costs one comparison)."""
+    ``startswith``: the usual case, one a prefix of the other, costs one comparison); 0 when they share fewer than
+    ``MIN_SHARED_TEXT``."""
     if b.startswith(a):
         return len(a)
     if a.startswith(b):
         return len(b)
+    if not b.startswith(a[:MIN_SHARED_TEXT]):
+        return 0  # too little in common to be worth a reference (and no bisection over unrelated strings)
     low, high = 0, min(len(a), len(b))  # a[:low] == b[:low], and they differ within a[:high + 1]
     while low < high:
         middle = (low + high + 1) // 2
