@@ -90,10 +90,10 @@ def expected_cost(path: Path) -> int:
 
 
 def replay_workers() -> int:
-    """One replay per core, as ``mlgym-registry replay`` runs them (``commands.replay.default_jobs``)."""
-    from mlgym_registry.machine import usable_cores
+    """One replay per core, as ``mlgym-registry replay`` runs them."""
+    from mlgym_registry.commands.replay import default_jobs
 
-    return usable_cores()
+    return default_jobs()
 
 
 def owner_alive(owner: Path) -> bool:
