@@ -158,12 +158,6 @@ def _queue_destination() -> int | None:
     return None
 
 
-def _messages_of(value: Any) -> list[Any] | None:
-    """The message tensordicts of a conversation stack (a lazy stack holds tensordicts only), or None for anything
-    else."""
-    return value.tensordicts if isinstance(value, MessageStack) else None
-
-
 class _TensorPickler(pickle.Pickler):
     """A pickler that writes plain CPU tensors as their raw bytes (``_tensor_bytes``)."""
 
@@ -187,13 +181,16 @@ class _Encoder(_TensorPickler):
         self._known = known
 
     def persistent_id(self, obj: Any) -> Any:
+        # called for every object pickled (hundreds an output): the exact type decides, no isinstance (tensordict's
+        # classes are ABCs, whose checks cost several times a plain comparison)
         kind = type(obj)
-        if kind is torch.Tensor:
-            return _tensor_bytes(obj)
         if kind is str:
             return _encoded_text(self._known, obj) if len(obj) >= LONG_TEXT else None
-        messages = _messages_of(obj)
-        return None if messages is None else _encoded(self._known, obj, messages)
+        if kind is torch.Tensor:
+            return _tensor_bytes(obj)
+        if kind is MessageStack:
+            return _encoded(self._known, obj, obj.tensordicts)
+        return None
 
 
 _RAW_DTYPES = {dtype: str(dtype).removeprefix("torch.") for dtype in (
