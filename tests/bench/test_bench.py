@@ -147,3 +147,27 @@ def test_env_drivers_bench_counts_the_steps_each_record_holds(tmp_path):
     (tmp_path / "other" / "t.traj").write_text(json.dumps({"trajectory": [{}, {}], "history": []}, indent=4))
     (tmp_path / "other" / "u.traj").write_text('{"trajectory": [')  # being rewritten
     assert module.recorded_steps(tmp_path) == [0, 1, 7, 2, 0]
+
+
+@pytest.mark.slow
+def test_pool_ceiling_bench_prints_the_real_pool_beside_stand_ins_of_its_split(capsys):
+    ratios = load_bench_script("bench_pool_ceiling.py").main(["--blocks", "2", "--rounds", "2", "--width", "2"])
+    out = capsys.readouterr().out
+
+    assert list(ratios) == ["the real pool", "a stand-in with the same split", "the stand-in, the trainer's T halved",
+                            "the stand-in's workers alone (T = 0)"]
+    assert all(math.isfinite(value) and value > 0 for value in ratios.values())
+    assert re.search(r"the real pool at N=1: the trainer spends [\d.]+ ms of CPU a turn, the worker [\d.]+ ms", out)
+    assert re.search(r"the real pool reaches \d+% of the ratio its split of the CPU allows here", out)
+
+
+def test_pool_ceiling_stand_in_plays_every_turn_and_leaves_no_worker():
+    module = load_bench_script("bench_pool_ceiling.py")
+    stand_in = module.StandIn(2, trainer_ms=0.2, worker_ms=0.5)
+    workers = list(stand_in.workers)
+    try:
+        rate = module.block_rate(stand_in, 5)
+    finally:
+        stand_in.close()
+    assert math.isfinite(rate) and rate > 0
+    assert not any(worker.is_alive() for worker in workers)
