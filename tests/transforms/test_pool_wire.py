@@ -12,7 +12,7 @@ import pytest
 
 from mlgym_registry.scale.parallel import EnvFactory
 from mlgym_registry.scale.workers import WithParentEnviron, warm_workers
-from mlgym_registry.transforms.history import as_dicts, extend_history, history_from, message
+from mlgym_registry.transforms.history import as_dicts, common_prefix, extend_history, history_from, message
 from mlgym_registry.transforms.pool_wire import MIN_SHARED_TEXT, Wire, WireOutOfStep, common_text_prefix
 
 TASK = "prisonersDilemma"
@@ -236,3 +236,30 @@ def test_two_strings_share_exactly_their_common_start():
     assert common_text_prefix(base, base + "more") == common_text_prefix(base + "more", base) == len(base)
     assert common_text_prefix(base, "#" + base[1:]) == 0
     assert common_text_prefix(base, base[:10] + "#" + base[11:]) == 0  # fewer than MIN_SHARED_TEXT in common
+
+
+def test_a_conversation_crosses_as_the_longest_run_any_remembered_list_shares():
+    sender, receiver = Wire(), Wire()
+    first, second = conversation(10), conversation(30, 100)
+
+    def crossed(messages: list) -> int:
+        payload = sender.encode("env", {"prompt": history_from(messages)._tensordict})
+        received = receiver.decode("env", payload)["prompt"]
+        assert as_dicts(history_from(list(received.tensordicts))) == as_dicts(history_from(messages))
+        return len(payload)
+
+    size_first = crossed(first)
+    crossed(second)
+    crossed(first + conversation(5, 200))  # a shorter list, remembered after the longer one
+    size_longer = crossed(second + conversation(2, 300))  # extends the longest list remembered
+    assert size_longer < size_first / 2, (size_longer, size_first)
+    size_forked = crossed(second[:20] + conversation(3, 400))  # shares only the start of one
+    assert size_forked < size_first, (size_forked, size_first)
+
+
+def test_common_prefix_counts_the_same_leading_objects_of_lists_of_any_lengths():
+    items = [object() for _ in range(5)]
+    assert common_prefix(items, items[:3]) == common_prefix(items[:3], items) == 3
+    assert common_prefix(items, [*items[:2], object(), items[3]]) == 2
+    assert common_prefix([], items) == 0
+    assert common_prefix(items, list(items)) == 5

@@ -156,7 +156,7 @@ def extend_history(history: History, messages: list[TensorDict]) -> History:
 def common_prefix(a: list[Any], b: list[Any]) -> int:
     """How many leading items the lists ``a`` and ``b`` share (the same objects, not equal ones)."""
     count = min(len(a), len(b))
-    if all(map(operator.is_, a[:count], b[:count])):  # the usual case, at C speed
+    if all(map(operator.is_, a, b)):  # the usual case, at C speed (map stops at the shorter list: no slice copied)
         return count
     for index in range(count):
         if a[index] is not b[index]:

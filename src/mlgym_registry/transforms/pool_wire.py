@@ -212,7 +212,12 @@ def _encoded(known: _Known, stack: MessageStack, messages: list[Any]) -> tuple:
     """``stack`` as (which of ``known``'s lists, how many of its leading messages, the messages after them), the
     update count the receiver must have reached, and the stack's shape; ``known`` remembers its messages."""
     best, shared = -1, 0
-    for index, earlier in enumerate(known.lists):
+    # the longest lists first: one shared whole ends the search (no shorter list can share more), so a turn costs one
+    # pass over the conversation, not one per list remembered
+    for index in sorted(range(len(known.lists)), key=lambda each: len(known.lists[each]), reverse=True):
+        earlier = known.lists[index]
+        if len(earlier) <= shared:
+            break
         count = common_prefix(earlier, messages)
         if count > shared:
             best, shared = index, count
