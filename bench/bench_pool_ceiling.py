@@ -32,14 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other bench scripts, when loaded from a file path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from bench_env_drivers import ProcessPoolStepper  # noqa: E402
 from bench_evaluation import load as load_averages  # noqa: E402
 from bench_parallel import warm_up  # noqa: E402
+from bench_serve import cpu_seconds  # noqa: E402
 
 from mlgym_registry.machine import usable_cores  # noqa: E402
 
@@ -96,32 +95,22 @@ class StandIn:
             worker.join(timeout=10)
 
 
-def cpu_seconds(processes: list[psutil.Process]) -> float:
-    """CPU time of ``processes`` and of all their descendants (a sandbox's shell lives as long as its env), those
-    that ended included, in seconds."""
-    total = 0.0
-    for process in processes:
-        for member in (process, *process.children(recursive=True)):
-            try:
-                times = member.cpu_times()
-            except psutil.NoSuchProcess:  # ended between the listing and the reading: its parent counts it
-                continue
-            total += times.user + times.system + times.children_user + times.children_system
-    return total
-
-
 def split_of(stepper: ProcessPoolStepper, rounds: int, blocks: int) -> tuple[float, float]:
     """The trainer's and the worker's CPU per turn (ms) of a one-env pool, over ``blocks`` timed blocks."""
-    workers = [psutil.Process(process.pid) for process in stepper.pool.threads]
+    workers = [process.pid for process in stepper.pool.threads]
+
+    def workers_cpu() -> float:
+        return sum(cpu_seconds(pid) for pid in workers)  # each worker with its sandbox's processes
+
     trainer = worker = 0.0
     for block in range(blocks):
         if block % RESTART_EVERY == 0:
             stepper.restart()
-        mine, theirs = time.process_time(), cpu_seconds(workers)
+        mine, theirs = time.process_time(), workers_cpu()
         for _ in range(rounds):
             stepper.round()
         trainer += time.process_time() - mine
-        worker += cpu_seconds(workers) - theirs
+        worker += workers_cpu() - theirs
     turns = rounds * blocks
     return trainer / turns * 1000, worker / turns * 1000
 

@@ -32,6 +32,7 @@ import threading
 import uuid
 import weakref
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,19 +209,25 @@ def _tensor_bytes(tensor: torch.Tensor) -> tuple | None:
     return ("tensor", name, tuple(tensor.shape), tensor.contiguous().numpy().tobytes())
 
 
+def _best_reference(remembered: deque, value: Any, shared_start: Callable[[Any, Any], int]) -> tuple[int, int]:
+    """Which of the ``remembered`` lists or strings shares the longest start with ``value`` (``shared_start``), and
+    how long it is: (-1, 0) when none does. The longest are tried first, and one shared whole ends the search (no
+    shorter one can share more), so a turn costs one pass over the conversation, not one per item remembered."""
+    best, shared = -1, 0
+    for index in sorted(range(len(remembered)), key=lambda each: len(remembered[each]), reverse=True):
+        earlier = remembered[index]
+        if len(earlier) <= shared or shared == len(value):
+            break
+        count = shared_start(earlier, value)
+        if count > shared:
+            best, shared = index, count
+    return best, shared
+
+
 def _encoded(known: _Known, stack: MessageStack, messages: list[Any]) -> tuple:
     """``stack`` as (which of ``known``'s lists, how many of its leading messages, the messages after them), the
     update count the receiver must have reached, and the stack's shape; ``known`` remembers its messages."""
-    best, shared = -1, 0
-    # the longest lists first: one shared whole ends the search (no shorter list can share more), so a turn costs one
-    # pass over the conversation, not one per list remembered
-    for index in sorted(range(len(known.lists)), key=lambda each: len(known.lists[each]), reverse=True):
-        earlier = known.lists[index]
-        if len(earlier) <= shared:
-            break
-        count = common_prefix(earlier, messages)
-        if count > shared:
-            best, shared = index, count
+    best, shared = _best_reference(known.lists, messages, common_prefix)
     expected = known.updates
     known.remember(list(messages))
     shape = (stack.stack_dim, tuple(stack.batch_size), stack._message_keys, stack._td_dim_name)
@@ -230,13 +237,7 @@ def _encoded(known: _Known, stack: MessageStack, messages: list[Any]) -> tuple:
 def _encoded_text(known: _Known, text: str) -> tuple:
     """``text`` as (which of ``known``'s strings it starts like, for how many characters, the rest as UTF-8) and the
     update count the receiver must have reached; ``known`` remembers it."""
-    best, shared = -1, 0
-    for index in range(len(known.texts) - 1, -1, -1):
-        count = common_text_prefix(known.texts[index], text)
-        if count > shared:
-            best, shared = index, count
-            if shared == len(text):
-                break
+    best, shared = _best_reference(known.texts, text, common_text_prefix)
     expected = known.updates
     known.remember_text(text)
     return ("text", expected, best, shared, text[shared:].encode("utf-8", "surrogatepass"))
