@@ -261,13 +261,41 @@ class Registry:
             spec = copy.deepcopy(name)
         elif isinstance(name, dict):
             spec = TaskSpec.from_dict(name)
-        elif is_task_file(name) and str(name) not in self._entries["task"] and Path(name).is_file():
-            spec = import_reference(PATH_LOADERS["task"])(name)  # MLGym's way in an MLGym checkout, ours elsewhere
-            spec.registered_as = str(name)
+        elif self._names_a_path(name):
+            spec = self._spec_from_path(name)
         else:
             spec = self.get("task", name)
             spec.registered_as = name
         return self._with_component_refs(spec)
+
+    def _names_a_path(self, name: Any) -> bool:
+        """True when ``name`` is a path rather than a task name: a ``Path``, or a string that is no registered task and
+        ends in ``.yaml``/``.yml``, starts like a path (``./``, ``../``, ``/``, ``~``) or names something on disk."""
+        if isinstance(name, os.PathLike):
+            return True
+        if not isinstance(name, str):
+            return False
+        self._ensure_loaded()
+        if name in self._entries["task"]:
+            return False
+        return is_task_file(name) or name.startswith(("./", "../", "/", "~")) or Path(name).exists()
+
+    def _spec_from_path(self, name: str | os.PathLike[str]) -> TaskSpec:
+        """The spec of a task file given by path (a ``Path`` naming a registered task is that task);
+        ``InvalidTaskError`` naming the path when it is no file."""
+        text = os.path.expanduser(os.fspath(name))
+        if text in self._entries["task"]:
+            spec = self.get("task", text)
+        elif Path(text).is_file():
+            spec = import_reference(PATH_LOADERS["task"])(text)  # MLGym's way in an MLGym checkout, ours elsewhere
+        else:
+            what = "is a folder, not a task file" if Path(text).is_dir() else "does not exist"
+            where = "" if os.path.isabs(text) else f" (relative paths are read from {os.getcwd()})"
+            raise InvalidTaskError(
+                f"task file {text!r} {what}{where}: give the path of a task YAML file, or a registered task name "
+                "(`mlgym-registry list --kind task`)")
+        spec.registered_as = text
+        return spec
 
     def _with_component_refs(self, spec: TaskSpec) -> TaskSpec:
         self._ensure_loaded()

@@ -204,3 +204,17 @@ def test_control_characters_in_command_output_are_escaped_on_screen_but_kept_in_
     assert "\\x1b[31mRED\\x1b[0m\\x07\\x1b]0;title\\x07" in result.stdout
     assert not any(char in shown for char in "\x1b\x07\r")
     assert load_traj(out / f"{TASK}.traj").steps[0].observation.startswith("\x1b[31mRED\x1b[0m\x07\x1b]0;title\x07")
+
+
+def test_a_missing_task_file_is_named_as_a_file_by_every_command(tmp_path):
+    """A path (``./x.yaml``, an absolute one, a folder) is never read as a task name in an unknown namespace."""
+    missing = str(tmp_path / "missing.yaml")
+    for command in (["run", missing], ["info", missing], ["check", missing], ["bench", missing]):
+        result = run_cli(*command, "--out", str(tmp_path / "out")) if command[0] in ("run", "bench") else run_cli(
+            *command)
+        refused(result, f"mlgym-registry: error: task file {missing!r} does not exist")
+        assert "namespace" not in result.stderr
+        assert not (tmp_path / "out").exists()
+    result = subprocess.run([*CLI, "run", "./missing.yaml"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    refused(result, f"task file './missing.yaml' does not exist (relative paths are read from {tmp_path})")
+    refused(run_cli("run", str(tmp_path)), f"task file {str(tmp_path)!r} is a folder, not a task file")

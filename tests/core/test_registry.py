@@ -268,3 +268,19 @@ def test_threads_that_make_envs_at_once_each_find_the_plugins_loaded():
         thread.join()
     assert [type(item).__name__ for item in found if isinstance(item, Exception)] == []
     assert len(found) == 8 and len({id(item) for item in found}) == 1
+
+
+def test_a_task_file_given_as_a_path_works_like_its_string_and_a_missing_one_is_named(task_file, tmp_path):
+    from pathlib import Path
+
+    from mlgym_registry import InvalidTaskError
+
+    by_path, by_text = registry.spec(task_file), registry.spec(str(task_file))
+    assert by_path.id == by_text.id == "tinyTask" and by_path.max_steps == by_text.max_steps == 7
+    assert by_path.registered_as == str(task_file)
+    assert registry.spec(Path("capitals")).id == "capitals"  # a Path naming a registered task is that task
+    for missing in (tmp_path / "missing.yaml", str(tmp_path / "missing.yml"), Path("missing.yaml")):
+        with pytest.raises(InvalidTaskError, match=r"task file '.*missing\.ya?ml' does not exist.*registered task"):
+            registry.make(missing)
+    with pytest.raises(InvalidTaskError, match="is a folder, not a task file"):
+        registry.make(tmp_path)
