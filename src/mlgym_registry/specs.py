@@ -19,7 +19,7 @@ from typing import Any
 
 from .errors import InvalidTaskError
 from .kinds import COMPONENT_KINDS, KINDS  # noqa: F401 - part of this module's surface
-from .submissions import submission_schema
+from .submissions import declared_submission, submission_schema
 
 TASK_ENTRYPOINTS = ("PythonSubmissionTasks", "CSVSubmissionTasks", "ModelSubmissionTasks", "LMSubmissionTasks")
 """MLGym's task classes, the values ``task_entrypoint`` may take."""
@@ -91,6 +91,10 @@ class TaskSpec:
     # ours: the schema of the submission file (a mapping, see ``submissions.SubmissionSchema`` and docs/tasks.md),
     # checked before the evaluator runs; a malformed one is refused when the spec is made (None: no check)
     submission: dict[str, Any] | None = None
+    # ours: the workspace paths (files, folders, modules) the evaluator takes from the agent: its declared
+    # submission. Every other input of the evaluator is the task's own pristine file (None: the default of the task's
+    # entrypoint, ``submissions.declared_submission``)
+    submission_files: list[str] | None = None
     # ours
     root: str | None = None
     source: str | None = None
@@ -113,6 +117,8 @@ class TaskSpec:
     def __post_init__(self) -> None:
         if self.submission is not None:
             submission_schema(self)  # raises SubmissionSchemaError (an InvalidTaskError) naming the task and the fix
+        if self.submission_files is not None:
+            declared_submission(self)  # the same, for an entry outside the workspace
 
     # -- serialisation -------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -202,6 +208,11 @@ def load_task_yaml(path: str | Path, *, root: str | Path | None = None, **defaul
         if not isinstance(merged["requirements"], list):
             raise InvalidTaskError(f"task file {str(path)!r}: requirements must be a list of pip requirement strings")
         merged["requirements"] = [str(item) for item in merged["requirements"]]
+    if merged.get("submission_files") is not None:
+        if not isinstance(merged["submission_files"], list):
+            raise InvalidTaskError(f"task file {str(path)!r}: submission_files must be a list of workspace paths "
+                                   "(files, folders or modules the evaluator reads from the agent)")
+        merged["submission_files"] = [str(item) for item in merged["submission_files"]]
     spec = TaskSpec.from_dict(merged)
     _check_types(spec, path)
     for key, field_name in misspelt_fields(spec).items():

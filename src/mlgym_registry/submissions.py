@@ -365,3 +365,53 @@ def _column(name: str, rule: Any, fail) -> ColumnRule:
     if bounds.get("min", -math.inf) > bounds.get("max", math.inf):
         raise fail(f"column {name!r}: min {bounds['min']:g} is above max {bounds['max']:g}")
     return ColumnRule(name=name, type=kind, values=tuple(values) if values is not None else None, **bounds)
+
+
+MODEL_CHECKPOINTS = "checkpoints"
+"""The folder MLGym's model-submission tasks save their checkpoints in, part of such a task's default submission."""
+
+
+def declared_submission(spec: Any) -> list[str]:
+    """The workspace paths the evaluator of ``spec`` takes from the agent: its ``submission_files`` when it declares
+    them, else its entrypoint's default. Everything else the evaluator sees is the task's own pristine files.
+
+    The defaults: a CSV task's submission file (``submission.csv``, or its schema's ``file``); a Python task's
+    starter files the agent is asked to change (every starter file that is neither an evaluation, protected nor
+    secret file: the strategy module, an answer file); a model task's same starter files, its ``checkpoints`` folder
+    and the configuration the evaluation is given (``Evaluator`` adds the last, which it finds at each evaluation).
+    """
+    declared = getattr(spec, "submission_files", None)
+    if declared is not None:
+        return [_declared_path(str(spec.id), path) for path in declared]
+    entrypoint = getattr(spec, "task_entrypoint", "")
+    if entrypoint == "CSVSubmissionTasks":
+        schema = submission_schema(spec)
+        return [schema.file if schema is not None else "submission.csv"]
+    editable = editable_starter_files(spec)
+    if entrypoint == "ModelSubmissionTasks":
+        return [*editable, MODEL_CHECKPOINTS]
+    return editable
+
+
+def editable_starter_files(spec: Any) -> list[str]:
+    """The workspace names of ``spec``'s starter files that the agent may change: not an evaluation, protected or
+    secret file (starter files land at the workspace's top level under their own names)."""
+    fixed = {_workspace_path(p) for p in (*spec.evaluation_paths, *spec.protected_files, *spec.secret_files)}
+    names = [PurePosixPath(str(item)).name for item in spec.starter_code]
+    return [name for name in dict.fromkeys(names) if name not in fixed]
+
+
+def _workspace_path(path: str) -> str:
+    """A workspace-relative path as the evaluator's view keys it (no ``./``, no trailing slash)."""
+    return str(PurePosixPath(str(path))).removeprefix("./").rstrip("/") or "."
+
+
+def _declared_path(task: str, path: str) -> str:
+    """A ``submission_files`` entry as a workspace path; ``SubmissionSchemaError`` when it leaves the workspace."""
+    pure = PurePosixPath(str(path))
+    if pure.is_absolute() or ".." in pure.parts or _workspace_path(path) == ".":
+        raise SubmissionSchemaError(
+            f"task {task!r}: submission_files entry {str(path)!r} is not a path inside the workspace; name the "
+            "files, folders or modules the evaluator reads from the agent relative to the workspace "
+            "(e.g. submission.csv, strategy.py, checkpoints)")
+    return _workspace_path(path)

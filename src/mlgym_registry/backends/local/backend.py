@@ -189,6 +189,12 @@ class LocalBackend:
         """Whether each reset starts the next episode's shell ahead (sandboxed only: see ``reset``)."""
         self._preload: list[str] = []
         """The system modules the task's last finished evaluation imported: the next one's evaluator preloads them."""
+        self.trace_evaluations = False
+        """Set by trusted tooling (the tests, the integrity audit): each evaluation's evaluator reports the paths it
+        opens or lists, kept in ``last_evaluation_inputs``. Never set by anything the agent controls."""
+        self.last_evaluation_inputs: list[str] = []
+        """The paths the last evaluation's evaluator opened or listed, the workspace named as the agent sees it
+        (with ``trace_evaluations``; the interpreter's own files left out)."""
 
     @staticmethod
     def check_available(*, sandbox: str = "bwrap", gpus: bool = False, **_options: Any) -> None:
@@ -402,6 +408,7 @@ class LocalBackend:
         finally:
             if evaluator.last_modules:
                 self._preload = evaluator.last_modules
+            self.last_evaluation_inputs = list(evaluator.last_inputs)
             if action == "validate":  # the episode goes on: its next evaluation can start now
                 self._start_next_evaluation(evaluator)
 
@@ -445,6 +452,7 @@ class LocalBackend:
             agent_code_in_process=self.trust_agent_code and task_checks.agent_code_in_evaluator(self.spec),
         )
         evaluator.disk_quota = self._disk
+        evaluator.trace_inputs = self.trace_evaluations
         return evaluator
 
     # -- internals -------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 from ... import seeding
 from ...preparation.hub_datasets import HubView
 from ...specs import TaskSpec
-from ...submissions import submission_schema
+from ...submissions import declared_submission, submission_schema
 from . import cgroups, hub_cache, procs, task_checks, toolset
 from . import limits as limits_mod
 from . import sandbox as sandbox_mod
@@ -200,6 +200,8 @@ class Confinement:
             workspace=self.folders.workspace,
             evaluation_paths=list(self.spec.evaluation_paths),
             pristine=dict(self.files.pristine),
+            task_files=dict(self.files.task_files),
+            submission_files=tuple(declared_submission(self.spec)),
             scratch_root=self.folders.scratch,
             python=self.python,
             env=self.environment(),

@@ -2,9 +2,11 @@
 
 MLGym runs ``python <workspace>/evaluate.py ...`` in the agent's own shell and relies on file permissions to keep the
 evaluator intact. Here processes may run as root, where permissions protect nothing, so the evaluation runs in a
-scratch copy of the workspace (hard links where possible) into which the pristine evaluation and protected files are
-put back, in a separate process (not the agent's shell, whose functions and aliases the agent controls). Paths of the
-scratch copy in the evaluator's output are shown as the workspace's own.
+separate process (not the agent's shell, whose functions and aliases the agent controls) over a view that is built,
+never inherited: the task's own pristine files plus only the submission the task declares
+(``submissions.declared_submission``), taken from a scratch copy of the workspace. The agent's other files (a folder
+named like a dataset, a helper module, an edited copy of the test set) are not in it. Paths of the scratch copy in
+the evaluator's output are shown as the workspace's own.
 """
 
 from __future__ import annotations
@@ -156,9 +158,10 @@ class Started:
         return (self.go is not None and self.proc is not None and self.proc.poll() is None
                 and (self.runner is None or self.runner.poll() is None))
 
-    def go_on(self, argv: list[str], trusted: list[str]) -> None:
-        """Tell the processes to run: the evaluator gets the command line of its script and the trusted modules."""
-        message = (json.dumps({"argv": argv, "trusted": trusted}) + "\n").encode()
+    def go_on(self, argv: list[str], trusted: list[str], trace: bool = False) -> None:
+        """Tell the processes to run: the evaluator gets the command line of its script, the trusted modules and
+        whether to report the paths it opens (``harness.InputTrace``)."""
+        message = (json.dumps({"argv": argv, "trusted": trusted, "trace": trace}) + "\n").encode()
         for fd, data in ((self.runner_go, b"go\n"), (self.go, message)):
             if fd is not None:
                 try:
@@ -202,10 +205,12 @@ Wrap = Callable[[list[str], Path], list[str]]
 class Evaluator:
     """Runs one task's evaluation against a snapshot of the agent's workspace.
 
-    The snapshot is taken twice: the *agent view* (the agent's files, with the pristine evaluation and protected
-    files put back) for the process that runs the agent's code, and the *evaluation view* (the same plus the secret
-    files) for the pristine evaluator, which ``harness.py`` runs so that the agent's modules are proxies to the
-    other process. ``wrap`` sandboxes both; ``workspace_path`` is where they see their view (the agent's path too).
+    Two views are made: the *agent view* (a copy of the agent's files, with the pristine evaluation and protected
+    files put back) for the process that runs the agent's code, and the *evaluation view* for the pristine
+    evaluator, which ``harness.py`` runs so that the agent's modules are proxies to the other process. The
+    evaluation view is built from the task alone (``task_files``, then ``pristine``, secrets included) plus the
+    declared submission (``submission_files``) taken from the agent view: nothing else of the agent's is in it.
+    ``wrap`` sandboxes both; ``workspace_path`` is where they see their view (the agent's path too).
     """
 
     entrypoint: str
@@ -219,6 +224,13 @@ class Evaluator:
     wrap: Wrap | None = None
     workspace_path: str | None = None  # where the agent sees its workspace (default: the host folder)
     secrets: frozenset[str] = frozenset()  # keys of ``pristine`` the agent must never see
+    task_files: dict[str, Path] = field(default_factory=dict)
+    """Workspace-relative path -> the task's own copy of each starter file: the evaluation view holds these, less
+    the submission, so that a file the evaluator reads (a helper module, a test set) is the task's, whatever the
+    agent made of its copy."""
+    submission_files: tuple[str, ...] = ()
+    """The workspace paths the evaluator takes from the agent (``submissions.declared_submission``); the submission
+    an evaluation finds (a model task's configuration) is added to them."""
     preexec: Callable[[], None] | None = None
     max_output_bytes: int = 400_000
     max_snapshot_bytes: int | None = None  # file data the copy of the workspace may hold (None: unbounded)
@@ -235,6 +247,12 @@ class Evaluator:
     agent's (its processes used up what the evaluator needed), never the infrastructure's."""
     last_modules: list[str] = field(default_factory=list)
     """The system modules the last finished evaluation imported (the harness reports them): what to preload."""
+    trace_inputs: bool = False
+    """Whether the evaluator's process reports every path it opens or lists (``last_inputs``): for the checks that
+    an evaluation reads only the task's files and the declared submission."""
+    last_inputs: list[str] = field(default_factory=list)
+    """With ``trace_inputs``: the absolute paths the last evaluation's evaluator opened or listed, in its view at
+    ``shown_workspace``, in order."""
     agent_modules: frozenset[str] = frozenset()
     """Top-level module names the task gives the agent (its starter code): a failed import of one of them is the
     agent's doing (it removed the module), of any other name a missing package."""
@@ -315,8 +333,9 @@ class Evaluator:
             try:
                 with freeze() if freeze is not None else contextlib.nullcontext():
                     self._copy_workspace(started.agent_view)
-                self._fill_views(started)
+                self._fill_agent_view(started.agent_view)
                 submission = self._find_submission(started.agent_view)
+                self._build_evaluation_view(started, Path(submission).relative_to(self.shown_workspace))
                 # it reads the agent's file as copied, modes kept: one the agent locked is the agent's failure too
                 try:
                     check_submission(self.submission_schema, started.eval_view, self.pristine)
@@ -335,6 +354,7 @@ class Evaluator:
         finally:
             started.end()
         self.last_modules = [m for m in (ended or {}).get("modules", []) if isinstance(m, str) and m.isidentifier()]
+        self.last_inputs = self._shown_inputs(started, (ended or {}).get("opened", []))
         return self._parse(output, ended), submission
 
     def _copy_workspace(self, agent_view: Path) -> None:
@@ -354,16 +374,42 @@ class Evaluator:
             budget.quota_mb = self.disk_quota.limit_mb
             _snapshot(self.workspace, agent_view, skip=set(self.pristine), budget=budget, into_empty=True)
 
-    def _fill_views(self, started: Started) -> None:
-        """Put the pristine files back into the agent's view (less the secrets) and make the evaluation's view: the
-        agent's view, the pristine files and the secrets."""
-        agent_view, eval_view = started.agent_view, started.eval_view
+    def _shown_inputs(self, started: Started, opened: Any) -> list[str]:
+        """The harness's ``opened`` paths with the evaluation view's folder named as the workspace."""
+        if not isinstance(opened, list):
+            return []
+        view = str(started.eval_view) if self.workspace_path is None else ""
+        return [path.replace(view, self.shown_workspace, 1) if view and path.startswith(view) else path
+                for path in opened if isinstance(path, str)]
+
+    def _fill_agent_view(self, agent_view: Path) -> None:
+        """Put the pristine files back into the agent's view, less the secrets."""
         for relative, source in self.pristine.items():
             if relative not in self.secrets:
                 _restore(source, agent_view / relative)
         for relative in self.secrets:  # also where a pristine folder put back above holds one
             _remove(agent_view / relative)
-        _link_tree(agent_view, eval_view)
+
+    def submitted(self, found: Path | str | None = None) -> list[str]:
+        """The workspace paths this evaluation takes from the agent: the declared ones and ``found`` (the submission
+        the evaluation found), less the task's pristine files, which the agent never provides."""
+        paths = [*self.submission_files, *([str(found)] if found is not None else [])]
+        return [p for p in dict.fromkeys(paths) if not _covered(p, self.pristine)]
+
+    def _build_evaluation_view(self, started: Started, found: Path) -> None:
+        """The evaluation's view, built rather than copied: the task's starter files, the submission from the agent's
+        view over them (nothing else of the agent's), then the pristine files and secrets over everything."""
+        agent_view, eval_view = started.agent_view, started.eval_view
+        submitted = self.submitted(found)
+        for relative, source in self.task_files.items():
+            if relative not in submitted and not _covered(relative, self.pristine):
+                _restore(source, eval_view / relative)
+        for relative in submitted:
+            source = agent_view / relative
+            if os.path.exists(source):
+                _remove(eval_view / relative)
+                (eval_view / relative).parent.mkdir(parents=True, exist_ok=True)
+                _link_item(source, eval_view / relative)
         for relative, source in self.pristine.items():
             _restore(source, eval_view / relative)
 
@@ -446,10 +492,12 @@ class Evaluator:
         return self._agent_failure()
 
     def _trusted_modules(self) -> list[str]:
-        """The top-level modules the pristine files define (``x.py``, or ``pkg/`` for a package): the evaluator
-        imports these files, never the agent's of the same name."""
+        """The top-level modules the task's own files define (``x.py``, or ``pkg/`` for a package), less the
+        submission and the agent-side files: the evaluator imports these files, never the agent's of the same name."""
         paths = set()
-        for relative, source in self.pristine.items():
+        submitted = set(self.submitted())
+        own = {**{k: v for k, v in self.task_files.items() if k not in submitted}, **self.pristine}
+        for relative, source in own.items():
             if relative in self.agent_side:
                 continue
             first, _, rest = relative.partition("/")
@@ -516,6 +564,10 @@ class Evaluator:
         status_write = None
         if isolate:
             started.status_read, status_write = os.pipe()
+            with contextlib.suppress(OSError):  # room for a traced report, read only once the process has ended
+                import fcntl
+
+                fcntl.fcntl(status_write, fcntl.F_SETPIPE_SZ, 1 << 20)
         go, started.go = os.pipe()
         status_option = ["--status-fd", str(status_write)] if status_write is not None else []
         preload_option = ["--preload", ",".join(preload)] if preload else []
@@ -535,7 +587,7 @@ class Evaluator:
     def _run(self, started: Started, argv: list[str]) -> tuple[str, dict | None]:
         """Let the started processes go on ``argv`` (the script, relative to the workspace, and its arguments); the
         evaluator's output, and how the script ended as the harness reported it (None when it did not)."""
-        started.go_on([f"{started.shown_eval_view}/{argv[0]}", *argv[1:]], self._trusted_modules())
+        started.go_on([f"{started.shown_eval_view}/{argv[0]}", *argv[1:]], self._trusted_modules(), self.trace_inputs)
         try:
             output = self._collect(started.proc, started.runner)
         finally:
@@ -589,13 +641,19 @@ def channel_memory(size: int = CHANNEL_BYTES) -> int:
     return fd
 
 
+MAX_STATUS_BYTES = 4 << 20
+"""The most of the harness's report that is read (a traced evaluation lists the paths it opened)."""
+
+
 def _read_status(fd: int) -> dict | None:
     """The harness's one-line report from the status pipe (its writer is closed: the process has ended)."""
+    data = b""
     try:
         os.set_blocking(fd, False)
-        data = os.read(fd, 4096)
+        while len(data) < MAX_STATUS_BYTES and (chunk := os.read(fd, 1 << 16)):
+            data += chunk
     except OSError:
-        data = b""
+        pass
     finally:
         os.close(fd)
     try:
@@ -663,15 +721,31 @@ def _seconds(value: float) -> str:
 
 
 def _link_tree(source: Path, target: Path) -> None:
-    """Copy a tree using hard links where the file system allows them (fast, no extra space)."""
+    """Copy a tree using hard links where the file system allows them (``_link_file``)."""
+    shutil.copytree(source, target, symlinks=True, copy_function=_link_file, dirs_exist_ok=True)
 
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
 
-    shutil.copytree(source, target, symlinks=True, copy_function=link, dirs_exist_ok=True)
+def _covered(relative: str, paths: dict[str, Path]) -> bool:
+    """Whether the workspace path ``relative`` is one of ``paths``' keys or inside one of them."""
+    return any(relative == key or relative.startswith(key.rstrip("/") + "/") for key in paths)
+
+
+def _link_item(source: Path, target: Path) -> None:
+    """Put the agent's ``source`` (a file or folder of its view) at ``target`` with no link in it: a link is
+    followed, and can only reach the agent's view, where the copy left links (``trees.copy_tree``); as a link in the
+    evaluation's view it could reach the secrets put back there."""
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=False, copy_function=_link_file)
+    elif source.exists():
+        _link_file(str(source), str(target))
+
+
+def _link_file(src: str, dst: str) -> None:
+    """A hard link where the file system allows one (fast, no extra space), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _restore(source: Path, target: Path) -> None:

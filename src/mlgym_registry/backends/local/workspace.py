@@ -20,7 +20,9 @@ class WorkspaceFiles:
 
     ``pristine`` maps a workspace path (relative) to the copy an evaluation puts back over whatever the agent left
     there; ``secrets`` are the workspace paths taken out of the agent's sight (evaluations still see them);
-    ``dataset_sources`` are the folders the local datasets were copied from (hidden from the sandbox).
+    ``dataset_sources`` are the folders the local datasets were copied from (hidden from the sandbox);
+    ``task_files`` maps the workspace name of every starter file to the task's own copy of it, from which an
+    evaluation's view takes whatever the agent does not submit.
     """
 
     def __init__(self, spec: TaskSpec, workspace: Path, pristine_dir: Path, data_dir: str | None):
@@ -33,6 +35,7 @@ class WorkspaceFiles:
         self.pristine: dict[str, Path] = {}
         self.secrets: set[str] = set()
         self.dataset_sources: list[Path] = []
+        self.task_files: dict[str, Path] = {}
 
     def prepare(self) -> None:
         """Empty the workspace and fill it for a new episode: starter files, protected copies, datasets, secrets."""
@@ -41,6 +44,7 @@ class WorkspaceFiles:
         if not trees.empty_folder(workspace, self.mode):
             force_rmtree(workspace)
             workspace.mkdir()
+        self.task_files = {}
         for item in self.spec.starter_code:
             source = self.spec.resolve_path(item)
             if not source.exists():
@@ -49,6 +53,7 @@ class WorkspaceFiles:
                     f"starter_code entries and its root ({self.spec.root!r})"
                 )
             target = workspace / source.name
+            self.task_files[source.name] = source
             if source.is_dir():
                 shutil.copytree(source, target, dirs_exist_ok=True)
             else:

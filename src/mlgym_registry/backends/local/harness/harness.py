@@ -987,12 +987,17 @@ def _module_name(relative: str) -> str:
     return relative[:-3] if relative.endswith(".py") else relative.rstrip("/")
 
 
-def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], status_fd: int | None = None) -> None:
+def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], status_fd: int | None = None,
+             trace: bool = False) -> None:
     """Run the evaluation script ``argv[0]`` as ``__main__`` with the import rules of ``EvaluationFinder``.
 
     When ``status_fd`` is given, one JSON line is written to it as the script ends, saying how (see ``run_status``):
-    the backend tells the agent's failures from the infrastructure's by it, never by the script's output.
+    the backend tells the agent's failures from the infrastructure's by it, never by the script's output. With
+    ``trace``, that line also lists the paths the process opened or listed (``InputTrace``).
     """
+    opened = InputTrace() if trace else None
+    if opened is not None:
+        sys.addaudithook(opened)
     channel = None
     if fds.strip(","):
         memory_fd, wake_fd, ring_fd = (int(x) for x in fds.split(","))
@@ -1009,9 +1014,40 @@ def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], stat
     try:
         runpy.run_path(argv[0], run_name="__main__")
     except BaseException as exc:
-        _report(status, run_status(exc, channel))
+        _report(status, {**run_status(exc, channel), **({} if opened is None else {"opened": opened.paths()})})
         raise
-    _report(status, {"status": "finished", "modules": system_modules(workspace, trusted)})
+    traced = {} if opened is None else {"opened": opened.paths()}
+    _report(status, {"status": "finished", "modules": system_modules(workspace, trusted), **traced})
+
+
+class InputTrace:
+    """An audit hook (``sys.addaudithook``) that keeps, in order and once each, the paths the evaluator's process
+    opens or lists: what an evaluation read, for the checks that every input is the task's or the declared
+    submission (``mlgym-registry check --integrity``, the tests). At most ``MAX`` paths."""
+
+    MAX = 5_000
+    EVENTS = frozenset({"open", "os.listdir", "os.scandir", "glob.glob", "os.chdir"})
+
+    def __init__(self):
+        self._seen: dict[str, None] = {}
+        # the interpreter's own folders (the standard library, site-packages), read-only to every sandbox: left out
+        # so that the report stays small
+        self._system = tuple(sorted({os.path.join(os.path.abspath(p), "") for p in
+                                     (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(__file__))}))
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if event not in self.EVENTS or not args or len(self._seen) >= self.MAX:
+            return
+        path = args[0]
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if isinstance(path, str):
+            path = os.path.abspath(path)
+            if not path.startswith(self._system):
+                self._seen.setdefault(path, None)
+
+    def paths(self) -> list[str]:
+        return list(self._seen)
 
 
 STARTUP_MODULES = frozenset(sys.modules)
@@ -1252,6 +1288,7 @@ def main(argv: list[str]) -> None:
         serve(options["workspace"], int(options["memory-fd"]), seed)
         return
     trusted = [n for n in options.get("trusted", "").split(",") if n]
+    trace = False
     status_fd = int(options["status-fd"]) if options.get("status-fd", "").isdigit() else None
     script = rest[1:]
     if go_fd is not None:
@@ -1261,7 +1298,8 @@ def main(argv: list[str]) -> None:
             return
         script = [str(a) for a in message.get("argv", [])]
         trusted = [str(t) for t in message.get("trusted", [])]
-    evaluate(options["workspace"], trusted, options.get("fds", ""), script, status_fd)
+        trace = message.get("trace") is True
+    evaluate(options["workspace"], trusted, options.get("fds", ""), script, status_fd, trace)
 
 
 if __name__ == "__main__":
