@@ -38,6 +38,7 @@ from .plugins import (
     Registration,
 )
 from .specs import ComponentSpec, ResolvedTask, TaskSpec
+from .trust_rules import check_task_file
 
 SPEC_OVERRIDES = ("max_steps", "failure_reward", "score_format_exit")
 """``make`` keywords that change the task spec itself (besides the component names)."""
@@ -343,6 +344,8 @@ class Registry:
                 valid = set(CHAIN_OPTIONS) | set(COMPONENT_KINDS) | set(SPEC_OVERRIDES) | accepted | {"backend_options"}
                 raise InvalidOverrideError(unknown, valid)
             backend_options.update(overrides)
+        # what the task file chose of its backend and options is held until the user passes it again (trust_rules)
+        spec = check_task_file(spec, backend_options, backend_factory, backend_given="backend" in changes)
         validate_task_options(spec, backend_options, accepted, backend_rules(backend_factory))
         refuse_metric_mismatch(spec)
         check_available = getattr(backend_factory, "check_available", None)

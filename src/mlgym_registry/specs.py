@@ -20,6 +20,7 @@ from typing import Any
 from .errors import InvalidTaskError
 from .kinds import COMPONENT_KINDS, KINDS  # noqa: F401 - part of this module's surface
 from .submissions import declared_submission, submission_schema
+from .trust_rules import check_host_path, check_task_paths, held_back
 
 TASK_ENTRYPOINTS = ("PythonSubmissionTasks", "CSVSubmissionTasks", "ModelSubmissionTasks", "LMSubmissionTasks")
 """MLGym's task classes, the values ``task_entrypoint`` may take."""
@@ -193,9 +194,11 @@ def load_task_yaml(path: str | Path, *, root: str | Path | None = None, **defaul
     data = read_yaml_mapping(path, "task file", InvalidTaskError)
     if "id" not in data:
         raise InvalidTaskError(f"task file {str(path)!r} has no 'id' field; MLGym task configs need one")
-    merged = {**defaults, **data}
+    merged = {**defaults, **held_back(data, str(path))}  # a task file never decides its confinement: trust_rules
+    own_folder = Path(root) if root is not None else path.parent
     if root is None:
         root = (path.parent / merged["root"]).resolve() if merged.get("root") else path.parent.resolve()
+        check_host_path(str(path), "root", merged.get("root"), own_folder)
     merged["root"] = str(root)
     merged["source"] = str(path.resolve())
     merged.setdefault("name", merged["id"])
@@ -215,6 +218,7 @@ def load_task_yaml(path: str | Path, *, root: str | Path | None = None, **defaul
         merged["submission_files"] = [str(item) for item in merged["submission_files"]]
     spec = TaskSpec.from_dict(merged)
     _check_types(spec, path)
+    check_task_paths(spec, str(path), own_folder)
     for key, field_name in misspelt_fields(spec).items():
         warnings.warn(misspelt_field_message(str(path), key, field_name), TaskFieldWarning, stacklevel=2)
     return spec

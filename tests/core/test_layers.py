@@ -22,10 +22,10 @@ NAME = "mlgym_registry"
 LAYERS: list[set[str]] = [
     # 0, the helpers every layer uses: the package's version, errors, hook specs, task specs and their submission
     # schemas, options, seeds, the machine's cores, scores (the evaluation statuses, MLGym's table of ranking
-    # metrics, its score text), and MLGym's tool language (the commands, their signatures and docs) that backends,
-    # components and policies speak
+    # metrics, its score text), what an untrusted record or task file may decide (trust_rules), and MLGym's tool
+    # language (the commands, their signatures and docs) that backends, components and policies speak
     {"errors", "hookspecs", "specs", "submissions", "options", "seeding", "terminal", "bounded_json", "_moved",
-     "_version", "scores", "tool_language", "kinds", "machine"},
+     "_version", "scores", "tool_language", "kinds", "machine", "trust_rules"},
     # 1, the plugin host: what a registered name is, loading plugins
     {"entries", "plugins"},
     # 2, the plugins' kinds, and what a task needs before it runs

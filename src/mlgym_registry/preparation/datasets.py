@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import TaskFilesMissing
 from ..specs import TaskSpec
+from ..trust_rules import check_host_path, check_workspace_path
 
 DATA_ENV = "MLGYM_REGISTRY_DATA"
 PREPARE_KEY = "prepare_data"
@@ -132,12 +133,17 @@ def hub_datasets(spec: TaskSpec) -> list[str]:
 
 
 def data_recipe(spec: TaskSpec) -> dict[str, str] | None:
-    """The task's ``prepare_data`` recipe, checked for shape; None when it has none."""
+    """The task's ``prepare_data`` recipe, checked for shape and place: its script lies in the task's root and its
+    output is a relative path that does not climb (``TaskPathRefused`` otherwise); None when it has none."""
     recipe = spec.extra.get(PREPARE_KEY)
     if not recipe:
         return None
     if not isinstance(recipe, dict) or not recipe.get("script") or not recipe.get("output"):
         raise TaskFilesMissing(f"task {spec.id!r}: prepare_data must be a mapping with 'script' and 'output' paths")
+    where = spec.source or spec.id
+    if spec.root:
+        check_host_path(where, "prepare_data.script", recipe["script"], Path(spec.root))
+    check_workspace_path(where, "prepare_data.output", recipe["output"])
     return {"script": str(recipe["script"]), "output": str(recipe["output"])}
 
 
@@ -146,12 +152,13 @@ def prepare_data(spec: TaskSpec, python: str, data_dir: str | None = None, *, fo
     """Make the task's data with its ``prepare_data`` recipe, into the first data folder (``data_dir``, else
     ``$MLGYM_REGISTRY_DATA``, else the default one), unless the dataset is found already (``force`` remakes it).
 
-    The script runs with ``python`` (the task's interpreter) in a scratch copy of its folder, at the same relative
-    path as in the task's root, so that paths like ``../data`` land where they would; only ``output`` is kept. The
-    task's root is never written to. Returns the folder made, or None when the task has no recipe.
+    The script runs with ``python`` (the task's interpreter) in the local backend's sandbox (``run_sandboxed``: no
+    network, the host read-only and hidden but for the system folders and the interpreter), in a scratch copy of its
+    folder at the same relative path as in the task's root, so that paths like ``../data`` land where they would;
+    only ``output`` is kept, and only when it is plain files and folders in the scratch folder. The task's root and
+    every other host file are never written to. Returns the folder made, or None when the task has no recipe.
     """
     import shutil
-    import subprocess
     import tempfile
 
     recipe = data_recipe(spec)
@@ -167,22 +174,57 @@ def prepare_data(spec: TaskSpec, python: str, data_dir: str | None = None, *, fo
     relative_script = Path(recipe["script"])
     with tempfile.TemporaryDirectory(prefix="mlgym-registry-data-") as scratch:
         folder = Path(scratch) / relative_script.parent
-        shutil.copytree(script.parent, folder)
+        shutil.copytree(script.parent, folder, symlinks=True)  # a link stays a link: the sandbox shows no host home
         echo(f"{spec.id}: making its data with {relative_script} ...")
-        done = subprocess.run([python, script.name], cwd=folder, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        done = run_sandboxed([python, script.name], Path(scratch), relative_script.parent, python, timeout)
         made = Path(scratch) / recipe["output"]
         if done.returncode != 0 or not made.exists():
             raise TaskFilesMissing(
                 f"task {spec.id!r}: {relative_script} did not make {recipe['output']} (exit {done.returncode}):\n"
                 f"{(done.stdout + done.stderr).strip()[-1500:]}"
             )
+        refuse_links(spec, made, Path(scratch))
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = target.with_name(f".{target.name}.{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(made, staging)
+        shutil.copytree(made, staging, symlinks=True)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
     echo(f"{spec.id}: data made at {target}")
     return target
+
+
+def run_sandboxed(argv: list[str], scratch: Path, cwd: Path, python: str, timeout: float):
+    """Run ``argv`` (a task's data script) in the local backend's bubblewrap sandbox: ``scratch`` is its only
+    writable folder (at the agent's workspace path, the command starting in its ``cwd``), ``python``'s installation
+    is shown read-only, there is no network and its variables are built from scratch (none of this process's).
+    ``TaskFilesMissing`` when the sandbox cannot start here; a ``CompletedProcess`` with text output otherwise."""
+    import subprocess
+
+    from ..backends.local import sandbox
+    from ..backends.local.confinement import PASSED_VARIABLES, SYSTEM_PATH
+
+    binds = [sandbox.Bind(str(scratch), sandbox.AGENT_WORKSPACE, writable=True)]
+    binds += [sandbox.Bind(root, root) for root in sandbox.python_roots(python)]
+    place = str(Path(sandbox.AGENT_WORKSPACE) / cwd)
+    env = {key: value for key, value in os.environ.items() if key in PASSED_VARIABLES}
+    env.update(PATH=os.pathsep.join([os.path.dirname(python), SYSTEM_PATH]), HOME=sandbox.AGENT_HOME, TMPDIR="/tmp")
+    try:
+        sandbox.check()
+        command = sandbox.command(argv, sandbox.SandboxSpec(binds=binds, cwd=place))
+    except sandbox.SandboxUnavailable as exc:
+        raise TaskFilesMissing(f"a task's data script runs in the sandbox, which cannot start here: {exc}") from None
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+
+
+def refuse_links(spec: TaskSpec, made: Path, scratch: Path) -> None:
+    """Refuse a data script's output that is not plain files and folders inside ``scratch`` (a link in it, or on the
+    way to it, could make the host copy its own files into the data folder, and from there into a workspace)."""
+    links = [made] if not made.resolve().is_relative_to(scratch.resolve()) else []
+    for folder, dirs, files in os.walk(made):
+        links += [Path(folder) / name for name in (*dirs, *files) if (Path(folder) / name).is_symlink()]
+    if links:
+        shown = ", ".join(str(path.relative_to(scratch)) for path in links[:5])
+        raise TaskFilesMissing(f"task {spec.id!r}: its data script made links ({shown}) in its output or on the way "
+                               f"to it; a task's data must be plain files, so nothing was kept")

@@ -11,14 +11,12 @@ Those settings are *held*. A held setting whose value is what the command would 
 task's, the backend's default) changes nothing. Any other held setting refuses the command before anything is built
 (``RecordedSettingsRefused``), naming each setting and the flag that passes it again; once the user passes it again,
 the command line's value is used. Top-level keys of the record that this module does not know are never read as
-settings either: they are shown as warnings and have no effect.
+settings either: they are shown as warnings and have no effect. Task files follow the same rule
+(``mlgym_registry.trust_rules``, where a held setting, its flag and its line in a refusal are defined once).
 """
 
 from __future__ import annotations
 
-import inspect
-import json
-import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import Any
 
 from ..errors import MLGymRegistryError
 from ..specs import COMPONENT_KINDS, TaskSpec
+from ..trust_rules import MISSING, HeldSetting, HeldSettingsRefused, backend_default, setting_line
 
 TAKEN_KEYS = ("task", "components", "seed", "max_steps")
 """The record's keys a replay may take settings from (each checked further: see ``split_record``)."""
@@ -36,37 +35,11 @@ INFORMATION_KEYS = ("policy", "versions", "started", "ended")
 TAKEN_COMPONENTS = tuple(kind for kind in COMPONENT_KINDS if kind != "backend")
 """The component kinds a record may choose, by registered name; the backend is held."""
 
-_MISSING = object()
+_MISSING = MISSING
 
 
-class RecordedSettingsRefused(MLGymRegistryError, ValueError):
+class RecordedSettingsRefused(HeldSettingsRefused):
     """A recorded run chooses settings a record may not choose, and the command line did not pass them again."""
-
-
-@dataclass(frozen=True)
-class HeldSetting:
-    """A setting of a record that is not taken from it: ``kind`` is ``"option"`` (a backend option), ``"backend"``,
-    ``"component"``, ``"task"``, ``"seed"`` or ``"max_steps"``; ``why`` says why a non-option is held."""
-
-    kind: str
-    name: str
-    value: Any
-    why: str = ""
-
-    @property
-    def flag(self) -> str:
-        """The command-line flag that passes this setting again (``-o sandbox=none``, ``--backend NAME``)."""
-        if self.kind == "option":
-            return "-o " + shlex.quote(f"{self.name}={option_text(self.value)}")
-        if self.kind == "component":
-            return f"--{self.name} NAME"
-        if self.kind == "seed":
-            return "--seed N"
-        if self.kind == "max_steps":
-            return "--max-steps N"
-        if self.kind == "backend":
-            return f"--backend {shlex.quote(str(self.value))}"
-        return "--task NAME"
 
 
 @dataclass
@@ -100,17 +73,6 @@ class TypedSettings:
         if setting.kind == "component":
             return setting.name in self.components
         return getattr(self, setting.kind) is not None
-
-
-def option_text(value: Any) -> str:
-    """``value`` as ``-o KEY=TEXT`` reads it back (``backend_options``): text that does not parse as JSON as it is,
-    anything else as JSON."""
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except ValueError:
-            return value
-    return json.dumps(value)
 
 
 def split_record(record: Mapping[str, Any] | None) -> RecordSettings:
@@ -191,12 +153,9 @@ def current_value(setting: HeldSetting, spec: TaskSpec | None, typed: TypedSetti
     backend_spec = spec if not typed.backend else registry.spec(spec.replace(backend=typed.backend, components={}))
     try:
         factory = registry.component(backend_spec, "backend")
-        parameter = inspect.signature(factory).parameters.get(setting.name)
-    except (TypeError, ValueError, MLGymRegistryError):  # no signature to read, or a backend not installed here
+    except (TypeError, ValueError, MLGymRegistryError):  # a backend not installed here
         return _MISSING
-    if parameter is None or parameter.default is inspect.Parameter.empty:
-        return _MISSING
-    return parameter.default
+    return backend_default(factory, setting.name)
 
 
 def refused_settings(settings: RecordSettings, spec: TaskSpec | None, typed: TypedSettings,
@@ -219,10 +178,7 @@ def refusal_message(source: str | Path, refused: list[tuple[HeldSetting, Any]]) 
     lines = [f"the run record of {source} chooses settings that a recorded run may not choose (it may choose the "
              f"task, components, seed and max steps; confinement and trust are yours to choose), so nothing was run. "
              f"Check each and pass it again on the command line to use it:"]
-    for setting, here in refused:
-        now = "unset" if here is _MISSING else repr(here)
-        why = f", {setting.why}" if setting.why else ""
-        lines.append(f"  {setting.name} = {setting.value!r} (here: {now}{why}): {setting.flag}")
+    lines += [setting_line(setting, here) for setting, here in refused]
     return "\n".join(lines)
 
 

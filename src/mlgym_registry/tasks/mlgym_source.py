@@ -27,6 +27,7 @@ from ..hookspecs import hookimpl
 from ..plugins import PluginReplaceWarning
 from ..scores import mlgym_ranking_metric
 from ..specs import TaskSpec, load_task_yaml
+from ..trust_rules import DATA_HINT, check_host_path
 from .mlgym_overlay import (
     overlay_baseline,
     overlay_extras,
@@ -126,9 +127,11 @@ def task_header(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_dataset(root: Path, relative: str) -> dict[str, Any]:
-    """A dataset config (``configs/<relative>``) as a dict; a local ``data_path`` becomes absolute."""
+def load_dataset(root: Path, relative: str, task_file: str = "") -> dict[str, Any]:
+    """A dataset config (``configs/<relative>``) as a dict; a local ``data_path`` becomes absolute. The config and a
+    local ``data_path`` must lie in the checkout (``TaskPathRefused`` naming the task file and the key otherwise)."""
     path = root / "configs" / relative
+    check_host_path(task_file or str(path), "dataset_configs", relative, root / "configs")
     if not path.is_file():
         raise InvalidTaskError(f"dataset config {relative!r} not found at {str(path)!r}")
     data = read_yaml(path)
@@ -138,6 +141,7 @@ def load_dataset(root: Path, relative: str) -> dict[str, Any]:
     data.setdefault("description", "")
     data.setdefault("is_local", False)
     if data["is_local"]:
+        check_host_path(str(path), "data_path", data["data_path"], root, DATA_HINT)
         data["data_path"] = str(root / str(data["data_path"]))
     return data
 
@@ -168,7 +172,7 @@ def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
         baseline_scores=overlay_baseline(spec.id, list(spec.baseline_scores)),
         requirements=spec.requirements if spec.requirements is not None else overlay_requirements(spec.id),
         submission=spec.submission if spec.submission is not None else overlay_submission(spec.id),
-        datasets=[load_dataset(root, item) for item in spec.dataset_configs],
+        datasets=[load_dataset(root, item, str(path)) for item in spec.dataset_configs],
         aliases_file=str(aliases) if aliases.is_file() else None,
         tags=[TAG] + [t for t in spec.tags if t != TAG],
         extra=extra,
