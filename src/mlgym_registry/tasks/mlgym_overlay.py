@@ -71,6 +71,37 @@ SUBMISSIONS: dict[str, dict[str, object]] = {
 """The schema of each CSV-submission task's ``submission.csv`` (``mlgym_registry.submissions``), read from what
 its ``evaluate.py`` reads: checked before the evaluator runs, since MLGym's evaluators trust the file."""
 
+_GAME_STRATEGY = ("strategy.py",)
+SUBMISSION_FILES: dict[str, tuple[str, ...]] = {
+    # the games' evaluate.py imports row_strategy from strategy.py (the file each description asks to edit) and the
+    # opponent from target.py, which is the task's
+    "prisonersDilemma": _GAME_STRATEGY,
+    "battleOfSexes": _GAME_STRATEGY,
+    "blotto": _GAME_STRATEGY,
+    # evaluate.py imports the agent's heuristic.py; solver.py and the instances are the task's
+    "3SATTime": ("heuristic.py",),
+    # the CSV tasks' evaluate.py reads submission.csv beside data/ (answers, test set) of the task's own
+    "titanicSurvival": ("submission.csv",),
+    "regressionKaggleHousePrice": ("submission.csv",),
+    "regressionKaggleHousePriceL1": ("submission.csv",),
+    "imageClassificationCifar10": ("submission.csv",),
+    "imageClassificationCifar10L1": ("submission.csv",),
+    "imageClassificationFMnist": ("submission.csv",),
+    # our RL evaluator lists checkpoints/ and hands the configuration to the agent's process, which loads src/
+    **{task: ("checkpoints", "config.yaml", "src") for task in (
+        "rlBreakoutMinAtar", "rlMetaMazeMisc", "rlMountainCarContinuous", "rlMountainCarContinuousReinforce")},
+}
+"""What each MLGym task's evaluator takes from the agent (``TaskSpec.submission_files``), read from its
+``evaluate.py``: the evaluation's view holds these and the task's own files, nothing else of the workspace."""
+
+
+def overlay_submission_files(task_id: str) -> list[str] | None:
+    """The submission files we declare for MLGym's task ``task_id`` (``mlgym/`` prefix allowed); None when none (the
+    entrypoint's default applies)."""
+    files = SUBMISSION_FILES.get(task_id.removeprefix("mlgym/"))
+    return list(files) if files is not None else None
+
+
 BASELINE_METRICS: dict[str, dict[str, float]] = {
     # the task file records only rmse; its L1 variant, which runs the same baseline.py and evaluate.py on the same
     # split, records this rmse (30340.111853413255) together with r2, the metric MLGym ranks the task by

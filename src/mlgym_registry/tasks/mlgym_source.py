@@ -35,6 +35,7 @@ from .mlgym_overlay import (
     overlay_requirements,
     overlay_secret_files,
     overlay_submission,
+    overlay_submission_files,
 )
 
 ROOT_ENV = "MLGYM_ROOT"
@@ -172,6 +173,8 @@ def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
         baseline_scores=overlay_baseline(spec.id, list(spec.baseline_scores)),
         requirements=spec.requirements if spec.requirements is not None else overlay_requirements(spec.id),
         submission=spec.submission if spec.submission is not None else overlay_submission(spec.id),
+        submission_files=(spec.submission_files if spec.submission_files is not None
+                          else overlay_submission_files(spec.id)),
         datasets=[load_dataset(root, item, str(path)) for item in spec.dataset_configs],
         aliases_file=str(aliases) if aliases.is_file() else None,
         tags=[TAG] + [t for t in spec.tags if t != TAG],
