@@ -96,6 +96,9 @@ class TaskSpec:
     # submission. Every other input of the evaluator is the task's own pristine file (None: the default of the task's
     # entrypoint, ``submissions.declared_submission``)
     submission_files: list[str] | None = None
+    # ours: the best value each metric can take (rmse 0, accuracy 1): a score past it is an invalid submission,
+    # never paid (``best_scores.past_best``)
+    best_score: dict[str, float] = field(default_factory=dict)
     # ours
     root: str | None = None
     source: str | None = None

@@ -102,6 +102,30 @@ def overlay_submission_files(task_id: str) -> list[str] | None:
     return list(files) if files is not None else None
 
 
+_HOUSE_PRICE_BEST = {"rmse": 0.0, "r2": 1.0}
+_ACCURACY_BEST = {"accuracy": 1.0}
+BEST_SCORES: dict[str, dict[str, float]] = {
+    # what each evaluate.py prints, at its best: an error of 0, an accuracy or r2 of 1, the games' highest payoff
+    # per round (prisonersDilemma 5, battleOfSexes 2, blotto a win, 1)
+    "regressionKaggleHousePrice": _HOUSE_PRICE_BEST,
+    "regressionKaggleHousePriceL1": _HOUSE_PRICE_BEST,
+    "titanicSurvival": _ACCURACY_BEST,
+    "imageClassificationCifar10": _ACCURACY_BEST,
+    "imageClassificationCifar10L1": _ACCURACY_BEST,
+    "imageClassificationFMnist": _ACCURACY_BEST,
+    "prisonersDilemma": {"Score": 5.0},
+    "battleOfSexes": {"Score": 2.0},
+    "blotto": {"Score": 1.0},
+}
+"""The best value of each metric MLGym's tasks print (``TaskSpec.best_score``, ``mlgym_registry.best_scores``): a
+score past it is an invalid submission, never paid."""
+
+
+def overlay_best_score(task_id: str) -> dict[str, float]:
+    """The best metric values we declare for MLGym's task ``task_id`` (``mlgym/`` prefix allowed); {} when none."""
+    return dict(BEST_SCORES.get(task_id.removeprefix("mlgym/"), {}))
+
+
 BASELINE_METRICS: dict[str, dict[str, float]] = {
     # the task file records only rmse; its L1 variant, which runs the same baseline.py and evaluate.py on the same
     # split, records this rmse (30340.111853413255) together with r2, the metric MLGym ranks the task by

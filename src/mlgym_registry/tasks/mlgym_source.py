@@ -30,6 +30,7 @@ from ..specs import TaskSpec, load_task_yaml
 from ..trust_rules import DATA_HINT, check_host_path
 from .mlgym_overlay import (
     overlay_baseline,
+    overlay_best_score,
     overlay_extras,
     overlay_files,
     overlay_requirements,
@@ -175,6 +176,7 @@ def load_mlgym_task(path: str | Path, root: str | Path) -> TaskSpec:
         submission=spec.submission if spec.submission is not None else overlay_submission(spec.id),
         submission_files=(spec.submission_files if spec.submission_files is not None
                           else overlay_submission_files(spec.id)),
+        best_score=spec.best_score or overlay_best_score(spec.id),
         datasets=[load_dataset(root, item, str(path)) for item in spec.dataset_configs],
         aliases_file=str(aliases) if aliases.is_file() else None,
         tags=[TAG] + [t for t in spec.tags if t != TAG],

@@ -4,6 +4,7 @@ writable), their limits and cgroups, and how a shell or an evaluation is started
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shlex
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ... import seeding
+from ...best_scores import past_best_message
 from ...preparation.hub_datasets import HubView
 from ...specs import TaskSpec
 from ...submissions import declared_submission, submission_schema
@@ -202,6 +204,7 @@ class Confinement:
             pristine=dict(self.files.pristine),
             task_files=dict(self.files.task_files),
             submission_files=tuple(declared_submission(self.spec)),
+            metric_check=functools.partial(past_best_message, spec=self.spec),
             scratch_root=self.folders.scratch,
             python=self.python,
             env=self.environment(),

@@ -89,6 +89,15 @@ class InvalidMetrics(EvaluationFailure):
         self.metrics = metrics
 
 
+class MetricsPastBest(InvalidMetrics):
+    """The evaluator printed a metric past the best value the task declares for it (``best_scores``): the submission
+    broke its arithmetic, and nothing is scored."""
+
+    def __init__(self, metrics: Any, message: str):
+        EvaluationFailure.__init__(self, message)
+        self.metrics = metrics
+
+
 class WorkspaceTooLarge(EvaluationFailure):
     """The workspace is over the bounds of the copy an evaluation makes of it (bytes of data, files, folder depth,
     the env's disk quota): the submission cannot be evaluated, and the message tells the agent what to do."""
@@ -247,6 +256,8 @@ class Evaluator:
     agent's (its processes used up what the evaluator needed), never the infrastructure's."""
     last_modules: list[str] = field(default_factory=list)
     """The system modules the last finished evaluation imported (the harness reports them): what to preload."""
+    metric_check: Callable[[Any], str | None] | None = None
+    """Why the printed metrics cannot be a score though finite (``best_scores.past_best_message``), or None."""
     trace_inputs: bool = False
     """Whether the evaluator's process reports every path it opens or lists (``last_inputs``): for the checks that
     an evaluation reads only the task's files and the declared submission."""
@@ -303,6 +314,9 @@ class Evaluator:
             raise failure from exc
         if non_finite(metrics):
             raise InvalidMetrics(metrics)
+        problem = self.metric_check(metrics) if self.metric_check is not None else None
+        if problem:
+            raise MetricsPastBest(metrics, problem)
         return metrics, submission
 
     def _limits_hit(self, before: int) -> bool:
