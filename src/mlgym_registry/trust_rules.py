@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -208,12 +209,12 @@ def check_host_path(where: str, key: str, value: Any, root: Path, hint: str = ""
         raise path_refusal(where, key, value, root, hint)
 
 
-def check_workspace_path(where: str, key: str, value: Any) -> None:
-    """Refuse ``value`` unless it is a relative path with no ``..`` (it names a path in the agent's workspace)."""
+def check_workspace_path(where: str, key: str, value: Any, place: str = "the agent's workspace") -> None:
+    """Refuse ``value`` unless it is a relative path with no ``..`` (it names a path in ``place``)."""
     path = Path(str(value))
     if path.is_absolute() or ".." in path.parts:
-        raise TaskPathRefused(f"task file {where!r}: {key} {str(value)!r} is not a path inside the agent's workspace "
-                              f"(it is absolute or climbs with '..'); name it relative to the workspace")
+        raise TaskPathRefused(f"task file {where!r}: {key} {str(value)!r} is not a path inside {place} (it is "
+                              f"absolute or climbs with '..'); name it relative to {place}")
 
 
 DATA_HINT = ", or give your data folder as the backend's data_dir (-o data_dir=DIR)"
@@ -236,3 +237,21 @@ def check_task_paths(spec: Any, where: str, root: Path) -> None:
         name = str(getattr(spec, kind))
         if kind in PATH_LOADERS and name.endswith((".yaml", ".yml")):
             check_host_path(where, kind, name, root)
+
+
+def check_links(where: str, key: str, source: Path, root: str | None) -> None:
+    """Refuse the task's file or folder ``source`` (named by its field ``key``) when it lies in the task's folder
+    ``root`` but is, or holds, a link that leads out of it (``TaskPathRefused``). A path outside ``root`` (one the
+    user or our overlay gave) is the giver's and is not checked."""
+    if not root or not Path(os.path.abspath(source)).is_relative_to(os.path.abspath(root)):
+        return
+    base = Path(root).resolve()
+    found = [] if source.resolve().is_relative_to(base) else [source]
+    if not found and source.is_dir():
+        for folder, dirs, files in os.walk(source):
+            paths = (Path(folder) / name for name in (*dirs, *files))
+            found += [path for path in paths if path.is_symlink() and not path.resolve().is_relative_to(base)]
+    if found:
+        shown = ", ".join(f"{str(path)!r} -> {str(path.resolve())!r}" for path in found[:3])
+        raise TaskPathRefused(f"task file {where!r}: {key} {str(source)!r} is or holds a link out of the task's folder "
+                              f"{root!r} ({shown}); a task's files must lie in its own folder: copy them there")

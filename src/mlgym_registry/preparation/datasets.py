@@ -143,7 +143,7 @@ def data_recipe(spec: TaskSpec) -> dict[str, str] | None:
     where = spec.source or spec.id
     if spec.root:
         check_host_path(where, "prepare_data.script", recipe["script"], Path(spec.root))
-    check_workspace_path(where, "prepare_data.output", recipe["output"])
+    check_workspace_path(where, "prepare_data.output", recipe["output"], "a data folder")
     return {"script": str(recipe["script"]), "output": str(recipe["output"])}
 
 

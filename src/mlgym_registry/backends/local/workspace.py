@@ -11,6 +11,7 @@ from pathlib import Path
 from ...errors import TaskFilesMissing
 from ...preparation import datasets as datasets_mod
 from ...specs import TaskSpec
+from ...trust_rules import check_links
 from . import trees
 from .evaluation import force_rmtree
 
@@ -36,6 +37,8 @@ class WorkspaceFiles:
         self.secrets: set[str] = set()
         self.dataset_sources: list[Path] = []
         self.task_files: dict[str, Path] = {}
+        self.checked: set[Path] = set()
+        """The sources ``_check_links`` found free of links out of the task's folder."""
 
     def prepare(self) -> None:
         """Empty the workspace and fill it for a new episode: starter files, protected copies, datasets, secrets."""
@@ -52,6 +55,7 @@ class WorkspaceFiles:
                     f"task {self.spec.id!r}: starter_code path {str(source)!r} does not exist; check the task file's "
                     f"starter_code entries and its root ({self.spec.root!r})"
                 )
+            self._check_links("starter_code", source)
             target = workspace / source.name
             self.task_files[source.name] = source
             if source.is_dir():
@@ -68,6 +72,7 @@ class WorkspaceFiles:
         self.dataset_sources = []
         for dataset in datasets_mod.local_datasets(self.spec):
             source = datasets_mod.find_local_dataset(self.spec, dataset, self.data_dir)
+            self._check_links("data_path", source)
             self.dataset_sources.append(source)
             target = data if not data.exists() else data / source.name
             if source.is_dir():
@@ -79,6 +84,13 @@ class WorkspaceFiles:
             self.pristine[str(target.relative_to(self.workspace))] = source
         if data.exists():
             _chmod_tree(data, 0o555)
+
+    def _check_links(self, key: str, source: Path) -> None:
+        """Refuse a starter file or dataset of the task's own folder that is, or holds, a link out of it (the copy
+        would follow it and hand a host file to the agent); each source is walked once per backend."""
+        if source not in self.checked:
+            check_links(self.spec.source or self.spec.id, key, source, self.spec.root)
+            self.checked.add(source)
 
     def _hide_secrets(self) -> None:
         """Take ``spec.secret_files`` (e.g. a test set's answers) out of the workspace; evaluations still see them."""
