@@ -58,7 +58,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     widths = [max(len(str(r[k] or "")) for r in rows) for k in ("name", "kind", "distribution")]
     for row in rows:
         name, kind, dist = (str(row[k] or "") for k in ("name", "kind", "distribution"))
-        failed = " [integrity audit FAILED]" if str(row.get("integrity", "")).startswith("integrity: FAILED") else ""
+        failed = " [integrity audit FAILED]" if str(row.get("integrity", "")).startswith("FAILED") else ""
         line = f"{name:<{widths[0]}}  {kind:<{widths[1]}}  {dist:<{widths[2]}}  {row['description']}{failed}"
         print(line.rstrip())
     return 0
@@ -76,20 +76,20 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:  # a task YAML file given by its path
         registration = {"name": args.name, "kind": "task", "source": spec.source or args.name}
     components = {kind: registry.entry(kind, getattr(spec, kind)).info().to_dict() for kind in spec.components}
-    from .integrity.report import integrity_label
+    from .integrity.report import integrity_status
 
     print(_dump({"task": spec.to_dict(), "registration": registration, "components": components,
-                 "integrity": integrity_label(spec)}, args.json))
+                 "integrity": integrity_status(spec)}, args.json))
     return 0
 
 
 def _mark_integrity(row: dict) -> None:
     """Add the task's last integrity audit to its ``list`` row, when there is one for the task as it is now."""
-    from .integrity.report import has_result, integrity_label
+    from .integrity.report import has_result, integrity_status
 
     if has_result(row["name"]):
         try:
-            row["integrity"] = integrity_label(registry.spec(row["name"]))
+            row["integrity"] = integrity_status(registry.spec(row["name"]))
         except Exception:  # noqa: BLE001 - a task that cannot load is listed as it is; `info` shows its error
             pass
 

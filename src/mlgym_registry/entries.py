@@ -54,6 +54,8 @@ class Entry:
         text = self.meta.get("description")
         if not text and self.is_built and isinstance(self.built, TaskSpec):
             text = str(self.built.extra.get("summary") or "") or self.built.name
+        if not text and self.kind == "task" and is_task_file(self.target):
+            text = task_file_line(self.target)
         if not text and not isinstance(self.target, (str, Path)):
             text = inspect.getdoc(self.target) or ""
         return (text or "").strip().splitlines()[0] if text and text.strip() else ""
@@ -150,6 +152,19 @@ def reference_of(obj: Any) -> str | None:
     if module and qualname and "<" not in qualname and module != "__main__":
         return f"{module}:{qualname}"
     return None
+
+
+def task_file_line(path: str | Path) -> str:
+    """A task file's one-line description (its ``summary``, else its ``name``, else its ``id``), read without loading
+    the task; ``""`` when the file cannot be read (``info`` and ``make`` report why)."""
+    import yaml
+
+    from .tasks.plugin import one_line, task_header
+
+    try:
+        return one_line(task_header(Path(path)))
+    except (OSError, ValueError, yaml.YAMLError):
+        return ""
 
 
 def is_task_file(target: Any) -> bool:

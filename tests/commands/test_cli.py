@@ -89,3 +89,46 @@ def test_the_scripted_policy_says_when_it_has_no_plan_for_the_task(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "the scripted policy has no plan for task 'capitals'" in result.stderr
     assert "prisonersDilemma" in result.stderr  # where it does have one
+
+
+PLUGIN_TASKS = """\
+from pathlib import Path
+
+from mlgym_registry import hookimpl
+
+HERE = Path(__file__).parent
+
+
+@hookimpl
+def register_tasks(register):
+    register("summedTask", str(HERE / "summed.yaml"))  # no description: the file's summary is the one
+    register("namedTask", str(HERE / "named.yaml"))  # no summary either: its name is
+    register("brokenTask", str(HERE / "broken.yaml"))  # unreadable: listed without a description
+"""
+
+
+def test_list_describes_plugin_tasks_registered_without_a_description_from_their_files(fake_site):
+    fake_site.add("two-tasks", "two_tasks_plugin", PLUGIN_TASKS)
+    (fake_site.path / "summed.yaml").write_text("id: summedTask\nname: Summed\nsummary: One line from the file\n")
+    (fake_site.path / "named.yaml").write_text("id: namedTask\nname: A named task\n")
+    (fake_site.path / "broken.yaml").write_text("id: [unclosed\n")
+    result = run_cli("list", "--kind", "task", env=fake_site.env())
+    assert result.returncode == 0, result.stderr
+    described = {line.split()[0]: line.split(maxsplit=3)[3] if len(line.split()) > 3 else ""
+                 for line in result.stdout.splitlines()}
+    assert described["summedTask"] == "One line from the file"
+    assert described["namedTask"] == "A named task"
+    assert described["brokenTask"] == ""
+    rows = {row["name"]: row for row in json.loads(run_cli("list", "--json", env=fake_site.env()).stdout)}
+    assert rows["summedTask"]["description"] == "One line from the file"
+
+
+def test_info_labels_the_integrity_audit_once(tmp_path):
+    import os
+
+    env = {**os.environ, "MLGYM_REGISTRY_CACHE": str(tmp_path / "cache")}
+    shown = run_cli("info", "prisonersDilemma", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "integrity: not audited" in shown.stdout.splitlines()
+    assert "integrity: integrity" not in shown.stdout
+    assert json.loads(run_cli("info", "prisonersDilemma", "--json", env=env).stdout)["integrity"] == "not audited"

@@ -159,7 +159,9 @@ def test_the_command_prints_the_table_exits_one_and_list_and_info_mark_the_task(
     assert done.returncode == 1, done.stderr
     assert "header_only" in done.stdout and "BEATS HONESTY" in done.stdout and "gameability gap" in done.stdout
     info = run_cli("info", str(weak), "--json", env=env)
-    assert json.loads(info.stdout)["integrity"] == "integrity: FAILED (header_only (BEATS HONESTY))"
+    assert json.loads(info.stdout)["integrity"] == "FAILED (header_only (BEATS HONESTY))"
+    shown = run_cli("info", str(weak), env=env)
+    assert "integrity: FAILED (header_only (BEATS HONESTY))" in shown.stdout.splitlines()
 
     honest = task_file(tmp_path / "honest", weak_tasks.HONEST_EVALUATOR, "honestLabels")
     done = run_cli("check", "--integrity", str(honest), "--canary", "header_only", "--json", env=env, timeout=300)

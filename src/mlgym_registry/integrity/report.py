@@ -86,14 +86,14 @@ def last_result(spec: Any) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("task_hash") == task_hash(spec) else None
 
 
-def integrity_label(spec: Any) -> str:
-    """``integrity: ok``, ``integrity: FAILED (...)`` or ``integrity: not audited`` for the task as it is now."""
+def integrity_status(spec: Any) -> str:
+    """``ok``, ``FAILED (...)`` or ``not audited``: the task's last integrity audit, for the task as it is now."""
     result = last_result(spec)
     if result is None:
-        return "integrity: not audited"
+        return "not audited"
     if result.get("ok"):
-        return "integrity: ok"
-    return f"integrity: FAILED ({', '.join(result.get('failures') or [])})"
+        return "ok"
+    return f"FAILED ({', '.join(result.get('failures') or [])})"
 
 
 def _file_name(task: str) -> str:
