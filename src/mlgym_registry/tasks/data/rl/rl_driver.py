@@ -11,11 +11,37 @@ numpy environment).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+SEED_VARIABLE = "MLGYM_REGISTRY_EVAL_SEED"
+"""The evaluation seed: the backend derives it from the run's seed with a key the agent never sees and sets it in the
+evaluator's process only (``mlgym_registry.seeding``; this file runs in the evaluator's process, so it names the
+variable rather than importing the package)."""
+
+
+def evaluation_seed() -> int | None:
+    """The integer in ``SEED_VARIABLE``, or None when it is unset (an evaluation run by hand)."""
+    value = os.environ.get(SEED_VARIABLE, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise fail(f"{SEED_VARIABLE} must be an integer, got {value!r}") from None
+
+
+def rollout_seeds(count: int) -> list[int]:
+    """The seeds of an evaluation's ``count`` rollouts, each a 32-bit integer (what ``jax.random.PRNGKey`` takes):
+    drawn from the evaluation seed, so that a run's seed reproduces them and nothing the agent can read or guess
+    does (fixed seeds would let the agent replay the test episodes offline); from fresh randomness without one."""
+    seed = evaluation_seed()
+    sequence = np.random.SeedSequence(None if seed is None else seed % 2**64)
+    return [int(value) for value in sequence.generate_state(count, dtype=np.uint32)]
 
 
 class PolicyFailure(Exception):

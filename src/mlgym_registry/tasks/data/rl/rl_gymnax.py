@@ -5,10 +5,13 @@ MLGym's own evaluate.py imports the agent's ``src/networks.py`` and traces it in
 environment steps in this (the evaluator's) process and the agent's network runs in the agent's: ``rl_policy`` is
 the agent's side, which loads ``config.yaml``, ``src/networks.py`` and a checkpoint there and answers each step's
 batch of observations with a batch of actions (``rl_driver``). What MLGym's evaluation fixes is kept: the
-checkpoints ``checkpoints/<config stem>*.pkl`` (exactly 5), the seeds 0 to 4 with their environments reset and
+checkpoints ``checkpoints/<config stem>*.pkl`` (exactly 5), 5 rollout seeds with their environments reset and
 stepped from ``jax.random.PRNGKey(seed)`` as MLGym splits it, 256 environments per seed (the description says 64;
 MLGym's code, which scored the published baselines, runs 256), the task's number of frames, and the metrics "Reward
-Mean" and "Reward Std" over every checkpoint, seed and environment.
+Mean" and "Reward Std" over every checkpoint, seed and environment. One change: MLGym's seeds are 0 to 4 in every
+evaluation, so the agent, whose interpreter has jax and gymnax, could replay the test episodes offline; ours are
+drawn from the evaluation seed (``rl_driver.rollout_seeds``), the same for every checkpoint of one evaluation.
+Published baselines were scored on MLGym's seeds, so a score here differs from them by the noise of the episodes.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from pathlib import Path
 
 import rl_driver
 
-SEEDS = tuple(range(5))
+ROLLOUTS = 5
+"""Rollout seeds per checkpoint (MLGym's 5)."""
 NUM_ENVS = 256
 CHECKPOINTS = 5
 
@@ -61,9 +65,10 @@ def main(env_name: str, max_frames: int) -> None:
     step_batch = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
     load, act = rl_policy.load, rl_policy.act
     returns = []
+    seeds = rl_driver.rollout_seeds(ROLLOUTS)  # before the checkpoints are loaded: an error names no agent's file
     for checkpoint in checkpoint_files(args.config_fname):
         load(args.config_fname, str(checkpoint))
-        for seed in SEEDS:
+        for index, seed in enumerate(seeds):
             rng = jax.random.PRNGKey(seed)
             obs, state = reset_batch(jax.random.split(rng, NUM_ENVS), env_params)
             carry = {"rng": rng, "state": state}
@@ -80,5 +85,5 @@ def main(env_name: str, max_frames: int) -> None:
                 returns.append(rl_driver.rollout(np.asarray(obs), step, act, space=space, num_envs=NUM_ENVS,
                                                  max_frames=max_frames))
             except rl_driver.PolicyFailure as exc:
-                raise rl_driver.fail(f"{exc} (checkpoint {checkpoint}, seed {seed})") from None
+                raise rl_driver.fail(f"{exc} (checkpoint {checkpoint}, rollout {index})") from None
     print(json.dumps(rl_driver.metrics(returns)))
