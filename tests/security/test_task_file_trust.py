@@ -258,3 +258,23 @@ def test_our_own_tasks_pass_the_same_rules():
     for name in (n for n in registry.names("task") if not n.startswith("mlgym/")):
         spec = registry.spec(name)
         assert HELD_KEY not in spec.extra and spec.backend_options == {}, name
+
+
+@pytest.mark.parametrize("requirement", ["evil @ file:///home/user/evil", "evil @ git+https://example.org/evil.git"])
+def test_a_task_file_cannot_have_pip_build_code_of_its_choosing_on_the_host(tmp_path, requirement):
+    from mlgym_registry.errors import InvalidTaskError
+    from mlgym_registry.preparation.task_packages import task_requirements
+
+    path = task_folder(tmp_path, f"requirements:\n- {requirement!r}\n")
+    with pytest.raises(InvalidTaskError, match="names a direct URL; a task names its packages by name and version"):
+        task_requirements(registry.spec(str(path)))
+    with pytest.raises(InvalidTaskError, match="names a direct URL"):
+        registry.prepare(str(path), echo=lambda line: None)
+
+
+def test_a_task_file_cannot_include_another_file(tmp_path):
+    """Task files are read with YAML's safe loader: an include tag is an error, never a read of the host file."""
+    token, _ = host_token(tmp_path)
+    path = task_folder(tmp_path, f"secret_files: !include {token}\n")
+    with pytest.raises(Exception, match="is not valid YAML"):
+        registry.spec(str(path))

@@ -3,7 +3,7 @@
 A task declares the packages its agent's code and its evaluator import: in ``requirements`` (our field, a list of
 pip requirement strings) and, MLGym's way, in the requirements file ``requirements_path``. ``task_requirements``
 reads both into one normalised list; ``missing_requirements`` says which of them an interpreter lacks (this one is
-checked in-process, another by running it once). ``environments`` builds interpreters that lack nothing.
+checked in-process, another by running it once). ``virtualenvs`` builds interpreters that lack nothing.
 """
 
 from __future__ import annotations
@@ -61,9 +61,15 @@ def normalise_requirement(text: str) -> str:
 
 def _parse(text: str, spec: TaskSpec, where: str) -> str:
     try:
-        return normalise_requirement(str(text))
+        requirement = normalise_requirement(str(text))
     except ValueError as exc:
         raise InvalidTaskError(f"task {spec.id!r}: {where}: {exc}") from None
+    if " @ " in requirement or requirement.startswith("@"):
+        # a direct URL (file://, git+https://) would have pip build code of the task's choosing on the host at prepare
+        raise InvalidTaskError(
+            f"task {spec.id!r}: {where}: {str(text)!r} names a direct URL; a task names its packages by name and "
+            "version, and pip's own configuration (pip config list) chooses where they come from")
+    return requirement
 
 
 def requirement_name(requirement: str) -> str:
