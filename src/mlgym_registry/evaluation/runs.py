@@ -43,12 +43,17 @@ _MODEL_STATS = re.compile(rb'"model_stats"\s*:\s*(\{[^{}]*\})')
 SETTINGS = "settings.json"
 
 
-def run_problems(failed: str | None, exit_status: str | None, model_stats: dict[str, Any] | None) -> list[str]:
-    """Why a run's score cannot be trusted: it failed, its model's API failed (``exit_api``), the model never
-    answered, answered with empty content, or answered without usage. Empty for a sound run."""
+def run_problems(failed: str | None, exit_status: str | None, model_stats: dict[str, Any] | None,
+                 infra_errors: Any = 0) -> list[str]:
+    """Why a run's score cannot be trusted: it failed, an evaluation of it failed for a reason not the agent's
+    (``infra_errors``, ``results.json``'s count: its outcome is not the model's), its model's API failed
+    (``exit_api``), the model never answered, answered with empty content, or answered without usage. Empty for a
+    sound run."""
     problems = []
     if failed:
         problems.append(f"failed: {failed}")
+    if isinstance(infra_errors, int) and not isinstance(infra_errors, bool) and infra_errors > 0:
+        problems.append(f"{infra_errors} evaluation(s) failed for reasons not the agent's (infra_error)")
     if exit_status and "exit_api" in exit_status:
         problems.append(f"the model's API failed ({exit_status})")
     stats = model_stats or {}
@@ -101,7 +106,8 @@ class Run:
     @property
     def problems(self) -> list[str]:
         """Why this run's score cannot be trusted (see ``run_problems``); empty for a sound run."""
-        return run_problems(self.failed, self.exit_status, self.model_stats)
+        return run_problems(self.failed, self.exit_status, self.model_stats,
+                            (self.results or {}).get("infra_errors", 0))
 
     @cached_property
     def attempts(self) -> list[dict[str, float]]:

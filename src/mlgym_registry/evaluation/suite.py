@@ -281,6 +281,7 @@ def _start_record(run: SuiteRun, record: dict[str, Any], seed: int | None, pid: 
 def _end_record(run: SuiteRun, result: EpisodeResult, seconds: float | None = None) -> None:
     """The run's end, wall time, usage and problems in its ``settings.json``; the problems in its ``results.json``
     too."""
+    from ..backends.protocol import infra_errors
     from . import settings
     from .runs import run_problems
 
@@ -289,7 +290,7 @@ def _end_record(run: SuiteRun, result: EpisodeResult, seconds: float | None = No
     status = (result.info or {}).get("exit_status")
     usage = settings.usage_of(result.info)
     problems = run_problems(result.failure or None, str(status) if status else None,
-                            (result.info or {}).get("model_stats"))
+                            (result.info or {}).get("model_stats"), infra_errors(result.info or {}))
     data.update(ended=settings.now(precise=True), exit_status=status, usage=usage, problems=problems)
     if result.worker.get("pid") is not None:  # a Ray actor's
         data["pid"] = result.worker["pid"]

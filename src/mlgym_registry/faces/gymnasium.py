@@ -9,6 +9,7 @@ command exactly as in the TorchRL chain, and an observation is the next user mes
 from __future__ import annotations
 
 import copy
+import math
 import string
 import sys
 from typing import Any
@@ -16,9 +17,10 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-from ..backends.protocol import EVALUATION_STATUS_KEY, EVALUATIONS_KEY, new_info
+from ..backends.protocol import EVALUATION_STATUS_KEY, EVALUATIONS_KEY, INFRA_ERROR, new_info
 from ..episodes.episode import conversation, env_parts, text_at, turn_facts
 from ..errors import InvalidOverrideError, MLGymRegistryError
+from ..transforms.backend_env import INFRA_ERROR_KEY
 
 MAX_ACTION_CHARS = 1_000_000
 """The longest answer the action space admits (a model's answer is far shorter; longer ones are still stepped)."""
@@ -33,6 +35,10 @@ fenced command block and runs nothing (it is a format error); ``contains`` admit
 
 SAMPLE_MAX_CHARS = 2_000
 """The longest answer ``sample()`` draws."""
+
+UNPAID = math.nan
+"""The reward of a step whose evaluation was an ``infra_error`` (``info["infra_error"]`` is True): not a number, so
+no sum or mean of rewards can take it for an outcome of the agent's; leave the step (and its episode) out."""
 
 
 class GymOverrideError(InvalidOverrideError):
@@ -88,8 +94,10 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
     ``task``. ``step(answer)`` returns the next user message, the chain's reward (a ``float``), ``terminated``,
     ``truncated`` and an ``info`` holding the backend's (``exit_status``, ``score``, ``submission``,
     ``evaluation_status``, ``evaluations``, ...) plus ``thought``, ``action`` (the parsed command, ``""`` when the
-    answer held none), ``output`` (what the command printed) and ``format_error``. ``chain`` is the TorchRL env
-    underneath; ``messages`` the conversation the policy sees.
+    answer held none), ``output`` (what the command printed), ``format_error`` and ``infra_error``. A step whose
+    evaluation failed for a reason that is not the agent's (``infra_error``) is never paid: its reward is ``UNPAID``
+    (NaN), whatever the reward assigner made of it. ``chain`` is the TorchRL env underneath; ``messages`` the
+    conversation the policy sees.
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}  # noqa: RUF012 - Gymnasium's class attribute
@@ -125,7 +133,7 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
         messages = conversation(td, self.layout)
         system = "\n".join(m["content"] for m in messages if m["role"] == "system")
         info = {"task": self.base.task.spec.id, "system": system, **new_info(), EVALUATION_STATUS_KEY: "",
-                EVALUATIONS_KEY: []}
+                EVALUATIONS_KEY: [], INFRA_ERROR_KEY: False}
         self._show_from(0)
         return text_at(td, self.layout.message), info
 
@@ -140,7 +148,7 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
         after = self.chain.step(self._td)["next"]
         thought, command, _, format_error = turn_facts(after, self.layout)
         info = self._step_info(thought, command, text_at(after, self.layout.observation), format_error)
-        reward = float(after.get(self.layout.reward).sum())
+        reward = UNPAID if info[INFRA_ERROR_KEY] else float(after.get(self.layout.reward).sum())
         terminated, truncated = bool(after.get("terminated").any()), bool(after.get("truncated").any())
         # the next root, as the episode loop takes it (step_mdp cannot carry the growing History)
         self._td = after.exclude(*self.chain.reward_keys, *self.chain.done_keys)
@@ -184,6 +192,7 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
         info = copy.deepcopy(self.base.last_info) if self.base.last_info is not None else new_info()
         info.setdefault(EVALUATION_STATUS_KEY, "")
         info[EVALUATIONS_KEY] = list(self.base.evaluations)
+        info[INFRA_ERROR_KEY] = info[EVALUATION_STATUS_KEY] == INFRA_ERROR
         info.update(task=self.base.task.spec.id, thought=thought, action=command, output=output,
                     format_error=format_error)
         return info

@@ -42,6 +42,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcResponse
 from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata
 
+from ..backends.protocol import EVALUATION_STATUS_KEY, INFRA_ERROR
 from ..client import DEFAULT_MESSAGE_TIMEOUT_S, ENV_NAME, MlgymAction, MlgymObservation, MlgymState
 from ..errors import MLGymRegistryError
 
@@ -188,7 +189,9 @@ class TaskEnvironment(Environment[MlgymAction, MlgymObservation, MlgymState]):
         self._state = self._state.model_copy(update={"step_count": self._state.step_count + 1, "episode_done": done,
                                                      "exit_status": str(info.get("exit_status") or "")})
         metadata = jsonable({**info, "terminated": terminated, "truncated": truncated})
-        return MlgymObservation(message=message, reward=reward, done=done, metadata=metadata, prompt=self._prompt())
+        # an infra_error step is never paid: no reward at all (OpenEnv's None), and metadata["infra_error"] says why
+        paid = None if info.get(EVALUATION_STATUS_KEY) == INFRA_ERROR else reward
+        return MlgymObservation(message=message, reward=paid, done=done, metadata=metadata, prompt=self._prompt())
 
     @property
     def state(self) -> MlgymState:

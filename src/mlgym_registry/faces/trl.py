@@ -18,7 +18,9 @@ TRL 1.13's ``environment_factory`` contract, and how it is met here:
   ``reward_wrong_format`` when set). TRL calls it once the rollout is over; an episode still running then (the model
   replied without a tool call, or ran into ``max_tool_calling_iterations`` or ``max_completion_length``) ends there
   as the agent's forfeit, sent through the task's parser and paid as the chain pays a forfeit (the floor under the
-  default rewards): stopping early never pays more than trying.
+  default rewards): stopping early never pays more than trying. An episode with an evaluation that failed for a
+  reason not the agent's (``infra_error``) is never paid: ``get_reward`` returns None, which TRL takes as "no reward
+  for this rollout" (an unscorable rollout: left out of its group's baseline, advantage 0).
 - TRL never closes its envs: each instance's sandbox is released by a ``weakref.finalize`` when the instance is
   garbage-collected or the interpreter exits.
 
@@ -28,10 +30,12 @@ instead, with the same messages and rewards; the finalizer closes the session. S
 
 from __future__ import annotations
 
+import math
 import re
 import weakref
 from typing import Any
 
+from ..backends.protocol import EVALUATION_STATUS_KEY, INFRA_ERROR
 from ..errors import MLGymRegistryError
 
 TOOL_NOTE = ("Send each reply, written as described above, as the `response` argument of the `act` tool; "
@@ -79,7 +83,8 @@ class _ServedEnv:
         meta = result.observation.metadata or {}
         truncated = bool(meta.get("truncated"))
         terminated = bool(meta.get("terminated", result.done and not truncated))
-        return result.observation.message, float(result.reward or 0.0), terminated, truncated, meta
+        reward = math.nan if result.reward is None else float(result.reward)  # None: the server paid nothing
+        return result.observation.message, reward, terminated, truncated, meta
 
     def close(self) -> None:
         self.client.close()
@@ -88,7 +93,7 @@ class _ServedEnv:
 class MLGymTRLEnv:
     """One rollout's environment for TRL's ``GRPOTrainer(environment_factory=...)``; ``environment_factory`` makes
     the subclass of a task. Public: ``reset``, ``act`` (the tool), ``get_reward`` and the read-only ``done``,
-    ``exit_status``, ``steps`` and ``rewards``."""
+    ``exit_status``, ``infra_error``, ``steps`` and ``rewards``."""
 
     task: Any = None
     """The task, as ``registry.make`` takes it (set by ``environment_factory``)."""
@@ -106,6 +111,7 @@ class MLGymTRLEnv:
         self._done = False
         self._exit_status = ""
         self._rewards: list[float] = []
+        self._infra_error = False
         self._forfeit: str | None = None  # the forfeit reply in the parser's format, made at the first forfeit
 
     # -- TRL's contract ---------------------------------------------------------------------------------------
@@ -118,6 +124,7 @@ class MLGymTRLEnv:
         env = self._env()
         first, info = env.reset(seed=None if seed is None else int(seed))
         self._started, self._done, self._exit_status, self._rewards = True, False, "", []
+        self._infra_error = False
         return "\n\n".join(part for part in (info["system"].strip(), TOOL_NOTE, first) if part)
 
     def act(self, response: str) -> str:
@@ -136,15 +143,19 @@ class MLGymTRLEnv:
             return EPISODE_OVER.format(status=self._exit_status or "ended")
         message, reward, terminated, truncated, info = self._env().step(str(response))
         self._rewards.append(float(reward))
+        self._infra_error = self._infra_error or info.get(EVALUATION_STATUS_KEY) == INFRA_ERROR
         self._done = bool(terminated or truncated)
         self._exit_status = info.get("exit_status") or ("truncated" if truncated else "")
         return message
 
-    def get_reward(self) -> float:
+    def get_reward(self) -> float | None:
         """The episode's reward: the sum of the chain's rewards over its steps (0.0 before any reset). An episode
-        still running is over for TRL: it ends here as the agent's forfeit, paid as the chain pays one."""
+        still running is over for TRL: it ends here as the agent's forfeit, paid as the chain pays one. None for an
+        episode with an ``infra_error`` evaluation: its outcome is not the agent's, and TRL leaves it out."""
         if self._started and not self._done:
             self.act(self._forfeit_reply())
+        if self._infra_error:
+            return None
         return float(sum(self._rewards))
 
     # -- read-only state (properties are no tools) ------------------------------------------------------------
@@ -159,13 +170,18 @@ class MLGymTRLEnv:
         return self._exit_status
 
     @property
+    def infra_error(self) -> bool:
+        """Whether an evaluation of the episode failed for a reason not the agent's (``get_reward`` is then None)."""
+        return self._infra_error
+
+    @property
     def steps(self) -> int:
         """How many replies ``act`` has sent this episode."""
         return len(self._rewards)
 
     @property
     def rewards(self) -> list[float]:
-        """The chain's reward of each step so far."""
+        """The chain's reward of each step so far (NaN for an ``infra_error`` step: never paid)."""
         return list(self._rewards)
 
     # -- private ----------------------------------------------------------------------------------------------

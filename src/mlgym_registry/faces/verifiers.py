@@ -8,8 +8,11 @@ module (``vf.load_environment(ENV_ID, task="blotto")``, ``vf-eval mlgym_registry
 A rollout starts the env (in ``setup_state``): the prompt is the env's system message and first user message; each
 model reply is stepped through the env and the messages the env answers it with (a ``user`` message, or ``tool``
 messages for a tool-calling parser) are the next ones; the rollout ends when the episode does. Its reward is the sum
-of the env's rewards, and the episode's statuses are in ``state["mlgym"]`` and the output's ``info["mlgym"]``. The
-env is closed when the rollout ends, errs or is cancelled. Needs the ``[verifiers]`` extra (docs/verifiers.md).
+of the env's rewards, and the episode's statuses are in ``state["mlgym"]`` and the output's ``info["mlgym"]``. An
+evaluation that failed for a reason not the agent's (``infra_error``) is never paid: the rollout ends there as
+verifiers' infrastructure failure (``vf.InfraError`` in ``state["error"]``, retried under ``max_retries``), and its
+reward is NaN. The env is closed when the rollout ends, errs or is cancelled. Needs the ``[verifiers]`` extra
+(docs/verifiers.md).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import verifiers as vf
 from datasets import Dataset
 from verifiers.utils.message_utils import normalize_messages
 
-from ..backends.protocol import EVALUATION_STATUS_KEY, EVALUATIONS_KEY
+from ..backends.protocol import EVALUATION_STATUS_KEY, EVALUATIONS_KEY, INFRA_ERROR
 from ..components.tool_calling import (
     ToolCall,
     follow_up_roles,
@@ -185,8 +188,10 @@ def jsonable(value: Any) -> Any:
 
 
 def mlgym_reward(state: vf.State) -> float:
-    """The rollout's reward: the sum of the env's rewards over its steps."""
-    return float(state.get(STATE_KEY, {}).get("reward", 0.0))
+    """The rollout's reward: the sum of the env's rewards over its steps; NaN (never paid) when an evaluation of the
+    episode was an ``infra_error``."""
+    outcome = state.get(STATE_KEY, {})
+    return math.nan if outcome.get("infra_error") else float(outcome.get("reward", 0.0))
 
 
 def infra_error(state: vf.State) -> float:
@@ -244,10 +249,13 @@ class MLGymEnv(vf.MultiTurnEnv):
         except Exception as exc:
             raise env_error(exc, "stepping") from exc
         turn = state["trajectory"][-1]
-        turn["reward"] = reward
+        turn["reward"] = reward  # NaN for an infra_error step (the Gymnasium face's: never paid)
         turn["extras"][STATE_KEY] = {"reward": reward, **facts}
         response = normalize_messages(answer, field_name="env_response")
-        if episode.done:
+        unpaid = facts[EVALUATION_STATUS_KEY] == INFRA_ERROR
+        if unpaid:  # the episode's outcome is no longer the agent's: end it as the machine's failure, unpaid
+            state["error"] = infra_failure(facts)
+        if episode.done or unpaid:
             state["final_env_response"] = response
         return response
 
@@ -303,6 +311,8 @@ class MLGymEnv(vf.MultiTurnEnv):
             state["error"] = env_error(exc, "exiting")
             return
         episode.exited = True
+        if facts[EVALUATION_STATUS_KEY] == INFRA_ERROR:
+            state["error"] = infra_failure(facts)
         state["final_env_response"] = normalize_messages(response, field_name="final_env_response")
 
 
@@ -337,6 +347,13 @@ def env_error(exc: BaseException, doing: str) -> vf.Error:
     if isinstance(exc, (BackendUnavailable, OSError, TimeoutError)):
         return vf.SandboxError(message)
     return vf.Error(message)
+
+
+def infra_failure(facts: Mapping[str, Any]) -> vf.InfraError:
+    """The error a rollout ends with when a step's evaluation was an ``infra_error`` (``facts``: the step's
+    ``STEP_FACTS``): verifiers' infrastructure failure, retried under ``max_retries``."""
+    return vf.InfraError("an evaluation of the episode failed for a reason that is not the agent's (infra_error, "
+                         f"never paid) on {facts.get('action') or 'a step'!r}")
 
 
 def tool_definitions(parser: Any) -> list[dict[str, Any]] | None:
