@@ -278,3 +278,19 @@ def test_a_task_file_cannot_include_another_file(tmp_path):
     path = task_folder(tmp_path, f"secret_files: !include {token}\n")
     with pytest.raises(Exception, match="is not valid YAML"):
         registry.spec(str(path))
+
+
+def test_a_task_files_prepare_hook_is_never_imported(tmp_path):
+    """Only our own suite's task files may name a ``prepare:`` function (they are the package's code); one in any other
+    task file stays an inert extra, never imported or called."""
+    marker = tmp_path / "hook-ran"
+    hook = tmp_path / "downloaded" / "evil_hook.py"
+    path = task_folder(tmp_path, "prepare: evil_hook:run\n")
+    hook.write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\ndef run(spec):\n    return spec\n")
+    sys.path.insert(0, str(hook.parent))
+    try:
+        spec = registry.spec(str(path))
+        registry.resolve(str(path))
+    finally:
+        sys.path.remove(str(hook.parent))
+    assert spec.extra["prepare"] == "evil_hook:run" and not marker.exists() and "evil_hook" not in sys.modules
