@@ -377,20 +377,21 @@ def declared_submission(spec: Any) -> list[str]:
 
     The defaults: a CSV task's submission file (``submission.csv``, or its schema's ``file``); a Python task's
     starter files the agent is asked to change (every starter file that is neither an evaluation, protected nor
-    secret file: the strategy module, an answer file); a model task's same starter files, its ``checkpoints`` folder
-    and the configuration the evaluation is given (``Evaluator`` adds the last, which it finds at each evaluation).
+    secret file: the strategy module, an answer file) and its schema's ``file`` when it declares one; a model task's
+    same, its ``checkpoints`` folder and the configuration the evaluation is given (``Evaluator`` adds the last,
+    which it finds at each evaluation).
     """
     declared = getattr(spec, "submission_files", None)
     if declared is not None:
         return [_declared_path(str(spec.id), path) for path in declared]
     entrypoint = getattr(spec, "task_entrypoint", "")
+    schema = submission_schema(spec)
     if entrypoint == "CSVSubmissionTasks":
-        schema = submission_schema(spec)
         return [schema.file if schema is not None else "submission.csv"]
-    editable = editable_starter_files(spec)
+    declared = [*editable_starter_files(spec), *([schema.file] if schema is not None else [])]
     if entrypoint == "ModelSubmissionTasks":
-        return [*editable, MODEL_CHECKPOINTS]
-    return editable
+        declared.append(MODEL_CHECKPOINTS)
+    return list(dict.fromkeys(declared))
 
 
 def editable_starter_files(spec: Any) -> list[str]:

@@ -121,7 +121,9 @@ def spec(checkout):
 
 @pytest.fixture(scope="module")
 def backend(spec):
-    env = open_backend(spec)
+    # every row scored, as MLGym does: these tests compare checked scores with the task's unchecked ones and with
+    # accuracies over all of its answers (held-out validation rows have tests of their own, test_validate_oracle)
+    env = open_backend(spec, validation_rows="all")
     yield env
     env.close()
 
@@ -190,7 +192,7 @@ def test_an_honest_submission_scores_exactly_what_it_scored_unchecked(env, spec)
     checked = info["score"][-1]
     assert checked == {"accuracy": pytest.approx(HONEST_ACCURACY)}
     assert reward == pytest.approx(HONEST_ACCURACY - 0.5)
-    unchecked_env = open_backend(spec.replace(submission=None))
+    unchecked_env = open_backend(spec.replace(submission=None), validation_rows="all")
     try:
         output, code = status(unchecked_env, GENDER_RULE)
         assert code == 0, output
@@ -431,7 +433,7 @@ def test_house_regression_declares_its_schema_and_its_baseline_still_scores():
     assert schema is not None and schema.rows_from == "data/answer.csv" and schema.id_column == "Id"
     scores = []
     for variant in (spec, spec.replace(submission=None)):
-        env = open_backend(variant)
+        env = open_backend(variant, validation_rows="all")  # the baseline's score is over every row
         try:
             output, code = status(env, "python baseline.py")
             assert code == 0, output

@@ -90,15 +90,16 @@ def recorded_baseline(spec: TaskSpec) -> str:
 def score_starter(spec: TaskSpec, *, seed: int | None = None, timeout: float | None = None,
                   backend_options: dict[str, Any] | None = None) -> dict[str, float]:
     """The metrics ``validate`` gives the starter code after the baseline program (``baseline_run``), with the
-    evaluator's seed ``seed``. Raises ``MLGymRegistryError`` with the output when the command or the evaluation
-    fails."""
+    evaluator's seed ``seed``, scored on every row of the answers as MLGym's published baselines are
+    (``validation_rows="all"`` unless ``backend_options`` say otherwise). Raises ``MLGymRegistryError`` with the
+    output when the command or the evaluation fails."""
     from ..backends.local import CommandTimeout, LocalBackend
     from ..backends.protocol import EVALUATION_STATUS_KEY
 
     run = baseline_run(spec)
     spec, command = run.spec, run.command
     timeout = float(timeout or spec.training_timeout or 1800)
-    backend = LocalBackend(spec, **{"long_timeout": timeout, **(backend_options or {})})
+    backend = LocalBackend(spec, **{"long_timeout": timeout, "validation_rows": "all", **(backend_options or {})})
     try:
         backend.reset(options={"evaluation_seed": seed} if seed is not None else None)
         backend.install_tools()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ... import seeding
+from ... import held_out, seeding
 from ...errors import BackendUnavailable
 from ...preparation import hub_datasets as hub_datasets_mod
 from ...specs import TaskSpec
@@ -85,7 +85,9 @@ class LocalBackend:
     searched first for the task's local datasets; see ``mlgym_registry.preparation.datasets``), ``gpus`` (show the
     host's NVIDIA devices and driver libraries to the sandbox; see ``sandbox.gpu_devices``), ``trust_agent_code``
     (run a task whose evaluator imports the agent's code into its own process, ``agent_code_in_evaluator``: its
-    scores can be forged).
+    scores can be forged), ``validation_rows`` (``"held_out"``, the default: validate and submit score disjoint rows of
+    a task whose metric is a mean over rows, see ``mlgym_registry.held_out``; ``"all"``: both score every row, as
+    MLGym does, to reproduce its published numbers).
     """
 
     option_rules = LOCAL_OPTION_RULES
@@ -114,6 +116,7 @@ class LocalBackend:
         data_dir: str | None = None,
         gpus: bool = False,
         trust_agent_code: bool = False,
+        validation_rows: str = "held_out",
     ):
         if sandbox not in sandbox_mod.SANDBOX_MODES:
             raise ValueError(f"local backend: sandbox={sandbox!r}; use one of {', '.join(sandbox_mod.SANDBOX_MODES)}")
@@ -134,6 +137,8 @@ class LocalBackend:
         self.data_dir = data_dir
         self.gpus = gpus
         self.trust_agent_code = trust_agent_code
+        held_out.row_split(spec, 0, validation_rows)  # a ValueError naming the values, at make
+        self.validation_rows = validation_rows
         task_checks.refuse_untrusted_evaluator(spec, trust_agent_code)
         if gpus:
             task_checks.refuse_missing_gpus()
@@ -422,7 +427,9 @@ class LocalBackend:
 
     def _outcome(self, info: dict[str, Any], action: str, evaluator: Evaluator, started: Started | None) -> Outcome:
         try:
-            metrics, submission = evaluator.evaluate(freeze=self._res.frozen_session, started=started)
+            metrics, submission = evaluator.evaluate(
+                freeze=self._res.frozen_session, started=started,
+                part=held_out.VALIDATE if action == "validate" else held_out.SUBMIT)
         except EvaluationFailure as exc:
             info[EVALUATION_STATUS_KEY] = exc.status
             if exc.status == INFRA_ERROR:
@@ -450,6 +457,7 @@ class LocalBackend:
             max_output_bytes=4 * self.max_output_chars,
             max_snapshot_bytes=self.max_snapshot_mb << 20 if self.max_snapshot_mb else None,
             agent_code_in_process=self.trust_agent_code and task_checks.agent_code_in_evaluator(self.spec),
+            validation_rows=self.validation_rows,
         )
         evaluator.disk_quota = self._disk
         evaluator.trace_inputs = self.trace_evaluations

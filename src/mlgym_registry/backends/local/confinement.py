@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ... import seeding
+from ... import held_out, seeding
 from ...best_scores import past_best_message
 from ...preparation.hub_datasets import HubView
 from ...specs import TaskSpec
@@ -190,7 +190,7 @@ class Confinement:
 
     def evaluator(
         self, *, seeds: seeding.EpisodeSeeds, timeout: float, max_output_bytes: int, max_snapshot_bytes: int | None,
-        agent_code_in_process: bool,
+        agent_code_in_process: bool, validation_rows: str = "held_out",
     ) -> Evaluator:
         """An ``Evaluator`` of the workspace as it is now, whose processes this confinement starts; the evaluator's
         seed of ``seeds`` reaches its own process only: never the agent's shell, nor where the agent's code runs."""
@@ -205,6 +205,7 @@ class Confinement:
             task_files=dict(self.files.task_files),
             submission_files=tuple(declared_submission(self.spec)),
             metric_check=functools.partial(past_best_message, spec=self.spec),
+            row_split=held_out.row_split(self.spec, seeds.evaluation, validation_rows),
             scratch_root=self.folders.scratch,
             python=self.python,
             env=self.environment(),

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...held_out import RowSplit
 from ...submissions import SubmissionRejected, SubmissionSchemaError
 from ..protocol import AGENT_ERROR, INFRA_ERROR, INVALID_SUBMISSION, non_finite
 from . import eval_clock, procs, trees
@@ -256,6 +257,9 @@ class Evaluator:
     agent's (its processes used up what the evaluator needed), never the infrastructure's."""
     last_modules: list[str] = field(default_factory=list)
     """The system modules the last finished evaluation imported (the harness reports them): what to preload."""
+    row_split: RowSplit | None = None
+    """The episode's split of the answers' rows (``held_out``): an evaluation of one part scores only its rows,
+    the answers and the submission filtered alike in its view. None: every evaluation scores every row."""
     metric_check: Callable[[Any], str | None] | None = None
     """Why the printed metrics cannot be a score though finite (``best_scores.past_best_message``), or None."""
     trace_inputs: bool = False
@@ -286,17 +290,19 @@ class Evaluator:
         return self.workspace_path or str(self.workspace)
 
     def evaluate(
-        self, freeze: Callable[[], AbstractContextManager[None]] | None = None, started: Started | None = None
+        self, freeze: Callable[[], AbstractContextManager[None]] | None = None, started: Started | None = None,
+        part: str = "submit",
     ) -> tuple[Any, str]:
         """``(metrics, submission_path)``, or an ``EvaluationFailure`` whose ``status`` says whose failure it was.
 
         ``freeze`` keeps the agent's processes still while the workspace is copied. ``started``: processes this
         evaluator's ``start`` made ahead of time, which this evaluation uses (and ends) if they still wait; without
-        them (or when they died), it starts its own.
+        them (or when they died), it starts its own. ``part``: ``validate`` or ``submit``, the rows it scores when
+        the task's answers are split (``row_split``).
         """
         events = self.limit_events() if self.limit_events is not None else 0
         try:
-            metrics, submission = self._evaluate(freeze, started)
+            metrics, submission = self._evaluate(freeze, started, part)
         except EvaluationFailure as exc:
             if exc.status == INFRA_ERROR and self._limits_hit(events):
                 exc.status = AGENT_ERROR
@@ -328,7 +334,7 @@ class Evaluator:
         return INVALID_SUBMISSION if self.entrypoint == "CSVSubmissionTasks" else AGENT_ERROR
 
     def _evaluate(
-        self, freeze: Callable[[], AbstractContextManager[None]] | None, started: Started | None
+        self, freeze: Callable[[], AbstractContextManager[None]] | None, started: Started | None, part: str
     ) -> tuple[Any, str]:
         if self.entrypoint not in SUPPORTED:
             if started is not None:
@@ -349,12 +355,14 @@ class Evaluator:
                     self._copy_workspace(started.agent_view)
                 self._fill_agent_view(started.agent_view)
                 submission = self._find_submission(started.agent_view)
-                self._build_evaluation_view(started, Path(submission).relative_to(self.shown_workspace))
-                # it reads the agent's file as copied, modes kept: one the agent locked is the agent's failure too
+                # it reads the agent's file as copied, modes and links kept: one the agent locked, or reached through
+                # a link, is the agent's failure too
                 try:
-                    check_submission(self.submission_schema, started.eval_view, self.pristine)
+                    check_submission(self.submission_schema, started.agent_view, self.pristine)
                 except (SubmissionRejected, SubmissionSchemaError) as exc:
                     raise submission_failure(exc) from None
+                self._build_evaluation_view(started, Path(submission).relative_to(self.shown_workspace))
+                self._keep_rows(started.eval_view, part)
             except OSError as exc:  # reading the agent's files, or writing their copy
                 raise self._unreadable(exc) from exc
             script = self.evaluation_paths[0] if self.evaluation_paths else "evaluate.py"
@@ -364,12 +372,12 @@ class Evaluator:
                 argv += ["--submission_file", str(relative_submission)]
             elif self.entrypoint == "ModelSubmissionTasks":
                 argv += ["--config_fname", str(relative_submission)]
-            output, ended = self._run(started, argv)
+            output, errors, ended = self._run(started, argv)
         finally:
             started.end()
         self.last_modules = [m for m in (ended or {}).get("modules", []) if isinstance(m, str) and m.isidentifier()]
         self.last_inputs = self._shown_inputs(started, (ended or {}).get("opened", []))
-        return self._parse(output, ended), submission
+        return self._parse(output, errors, ended), submission
 
     def _copy_workspace(self, agent_view: Path) -> None:
         """Copy the agent's files (less the task's paths, put back after) into ``agent_view``, within the copy's
@@ -387,6 +395,18 @@ class Evaluator:
                 raise TimeoutError("the evaluation ran out of time while measuring the workspace") from None
             budget.quota_mb = self.disk_quota.limit_mb
             _snapshot(self.workspace, agent_view, skip=set(self.pristine), budget=budget, into_empty=True)
+
+    def _keep_rows(self, eval_view: Path, part: str) -> None:
+        """Leave only ``part``'s rows in the answers and the submission of the evaluation's view (after the
+        submission was checked whole against every answer row), each written as a new file: the submission there is
+        a hard link to the agent's view."""
+        if self.row_split is None:
+            return
+        for relative in (self.row_split.answers, self.row_split.submission):
+            path = eval_view / relative
+            data = self.row_split.filtered(path.read_bytes(), part)
+            path.unlink()
+            path.write_bytes(data)
 
     def _shown_inputs(self, started: Started, opened: Any) -> list[str]:
         """The harness's ``opened`` paths with the evaluation view's folder named as the workspace."""
@@ -420,7 +440,7 @@ class Evaluator:
                 _restore(source, eval_view / relative)
         for relative in submitted:
             source = agent_view / relative
-            if os.path.exists(source):
+            if os.path.exists(source) and not _through_link(agent_view, relative):
                 _remove(eval_view / relative)
                 (eval_view / relative).parent.mkdir(parents=True, exist_ok=True)
                 _link_item(source, eval_view / relative)
@@ -474,22 +494,25 @@ class Evaluator:
             return INVALID_SUBMISSION
         return INFRA_ERROR
 
-    def _parse(self, output: str, ended: dict | None) -> Any:
-        """The metrics the evaluator printed; without them, a format error whose status comes from how the
-        evaluation script ended (``ended``: the harness's report, None when it never reported)."""
+    def _parse(self, output: str, errors: str, ended: dict | None) -> Any:
+        """The metrics the evaluator printed on its standard output (``output``: what it wrote to standard error,
+        ``errors``, a library's warning or progress bar, is never read as metrics); without them, a format error
+        showing both, whose status comes from how the evaluation script ended (``ended``: the harness's report,
+        None when it never reported)."""
+        shown = f"{output}\n{errors}" if output and errors else output or errors
         if (ended or {}).get("status") == "agent_code" and not self.agent_code_in_process:
-            raise agent_code_error(output, self._failure_status(ended))
+            raise agent_code_error(shown, self._failure_status(ended))
         if self.entrypoint == "ModelSubmissionTasks":
             line = next((ln for ln in output.split("\n") if ln.strip().startswith("{")), None)
             if line is None:
-                raise format_error(output, self._failure_status(ended))
+                raise format_error(shown, self._failure_status(ended))
             text = line
         else:
             text = output
         try:
             return json.loads(text)
         except (json.JSONDecodeError, RecursionError):
-            raise format_error(output, self._failure_status(ended)) from None
+            raise format_error(shown, self._failure_status(ended)) from None
 
     def _failure_status(self, ended: dict | None) -> str:
         """Whose failure an evaluation that printed no metrics was."""
@@ -591,43 +614,48 @@ class Evaluator:
         try:
             started.proc = subprocess.Popen(
                 wrap(command, started.eval_view), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, cwd=str(started.eval_view), env=env, start_new_session=True,
+                stderr=subprocess.PIPE, cwd=str(started.eval_view), env=env, start_new_session=True,
                 preexec_fn=self.preexec, pass_fds=passed,
             )
         finally:
             for fd in passed:
                 os.close(fd)
 
-    def _run(self, started: Started, argv: list[str]) -> tuple[str, dict | None]:
+    def _run(self, started: Started, argv: list[str]) -> tuple[str, str, dict | None]:
         """Let the started processes go on ``argv`` (the script, relative to the workspace, and its arguments); the
-        evaluator's output, and how the script ended as the harness reported it (None when it did not)."""
+        evaluator's standard output and error, and how the script ended as the harness reported it (None when it did
+        not)."""
         started.go_on([f"{started.shown_eval_view}/{argv[0]}", *argv[1:]], self._trusted_modules(), self.trace_inputs)
         try:
-            output = self._collect(started.proc, started.runner)
+            output, errors = self._collect(started.proc, started.runner)
         finally:
             started.stop()
         ended = started.read_status()
         if self.workspace_path is None:
-            output = output.replace(str(started.eval_view), self.shown_workspace)
-            output = output.replace(str(started.agent_view), self.shown_workspace)  # the agent's own frames
-        return output, ended
+            output, errors = (text.replace(str(started.eval_view), self.shown_workspace).replace(
+                str(started.agent_view), self.shown_workspace) for text in (output, errors))  # the agent's own frames
+        return output, errors, ended
 
-    def _collect(self, proc: subprocess.Popen, runner: subprocess.Popen | None = None) -> str:
-        buffer = CappedBuffer(self.max_output_bytes)
-        fd = proc.stdout.fileno()  # type: ignore[union-attr]
+    def _collect(self, proc: subprocess.Popen, runner: subprocess.Popen | None = None) -> tuple[str, str]:
+        """The evaluator's standard output and error, each capped, once it has closed both and ended."""
+        buffers = {pipe.fileno(): CappedBuffer(self.max_output_bytes)
+                   for pipe in (proc.stdout, proc.stderr) if pipe is not None}
+        fds = list(buffers)
         clock = self._clock or eval_clock.EvaluationClock(time.monotonic(), self.timeout, self.cpu_usage)
         clock.roots = frozenset(p.pid for p in (proc, runner) if p is not None)
-        while (left := clock.left()) > 0:
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
+        while fds and (left := clock.left()) > 0:
+            ready, _, _ = select.select(fds, [], [], left)
+            for fd in ready:
                 data = os.read(fd, 1 << 16)
-                if not data:
-                    break
-                buffer.add(data)
+                if data:
+                    buffers[fd].add(data)
+                else:
+                    fds.remove(fd)
         while (left := clock.left()) > 0:
             try:
                 proc.wait(timeout=max(left, 0.1))
-                return normalise(buffer.contents())
+                output, errors = (normalise(buffer.contents()) for buffer in buffers.values())
+                return output, errors
             except subprocess.TimeoutExpired:  # it closed its output but kept running
                 pass
         if clock.starved():
@@ -688,11 +716,12 @@ HARNESS_DIR = Path(__file__).parent / "harness"
 
 
 def _end(proc: subprocess.Popen) -> None:
-    """Kill a process and everything it started; close its pipe."""
+    """Kill a process and everything it started; close its pipes."""
     leftovers = procs.session_processes(proc.pid) | ({proc.pid} if proc.poll() is None else set())
     procs.kill_all(leftovers)
-    if proc.stdout is not None:
-        proc.stdout.close()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
@@ -742,6 +771,12 @@ def _link_tree(source: Path, target: Path) -> None:
 def _covered(relative: str, paths: dict[str, Path]) -> bool:
     """Whether the workspace path ``relative`` is one of ``paths``' keys or inside one of them."""
     return any(relative == key or relative.startswith(key.rstrip("/") + "/") for key in paths)
+
+
+def _through_link(view: Path, relative: str) -> bool:
+    """Whether a folder above ``relative`` in ``view`` is a link: the submission is taken only from its own place."""
+    parts = Path(relative).parts[:-1]
+    return any((view / Path(*parts[:depth])).is_symlink() for depth in range(1, len(parts) + 1))
 
 
 def _link_item(source: Path, target: Path) -> None:

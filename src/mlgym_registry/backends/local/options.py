@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from ...held_out import VALIDATION_ROWS
 from ...options import BOOLEAN, FOLDER, SEED, Rule, instance_of, integer_at_least, one_of, positive_number
 from . import sandbox as sandbox_mod
 
@@ -26,5 +27,6 @@ LOCAL_OPTION_RULES: dict[str, Rule] = {
     "data_dir": FOLDER,
     "gpus": BOOLEAN,
     "trust_agent_code": BOOLEAN,
+    "validation_rows": one_of(*VALIDATION_ROWS),
 }
 """The rule of each ``LocalBackend`` option, by name."""
