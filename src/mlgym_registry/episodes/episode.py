@@ -2,7 +2,8 @@
 
 Each turn the policy gets the conversation from the env's ``History``, its response goes into the env's response key,
 and the step's observation, reward and the backend's ``info`` come back. Every turn is recorded (through an optional
-``TrajectoryWriter``, saved as it goes) and reported to an optional callback, so a caller can show it live.
+``EpisodeRecorder``: a ``TrajectoryWriter``, saved as it goes, or a worker's ``CallRecorder``) and reported to an
+optional callback, so a caller can show it live.
 
 The env itself ends every episode: like MLGym's agent, it turns the third format error in a row into the
 ``exit_format`` action (the backend then autosubmits), and it caps the turns. A turn whose response held no command is
@@ -13,7 +14,6 @@ the action ``exit_format``.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import time
 from collections.abc import Callable
@@ -23,7 +23,8 @@ from typing import Any
 from ..errors import ComponentOutputError
 from ..options import check_option
 from ..policies.base import Policy, PolicyExhausted
-from ..records.trajectories import Step, TrajectoryWriter, TurnTokens
+from ..records.recorder import EpisodeRecorder
+from ..records.trajectories import Step, TurnTokens
 from ..specs import TaskSpec
 from ..tool_language import EXIT_FORMAT
 from ..transforms.turn_facts import TurnFacts
@@ -190,12 +191,13 @@ class EpisodePlayer:
     returns ``None``; ``result`` holds what happened so far.
 
     ``run_episode`` plays a whole episode with it; a remote worker (``ray_episodes``) plays one turn per call so that
-    each turn reaches the driver as soon as it is played. ``writer`` records the episode as it goes (anything with
-    ``TrajectoryWriter``'s ``system``, ``user``, ``step`` and ``finish`` methods); ``on_turn`` is called after every
-    turn. The env is reset by ``start`` but not closed: the caller owns it.
+    each turn reaches the driver as soon as it is played. ``writer`` records the episode as it goes (an
+    ``EpisodeRecorder``: every engine records through the same calls); ``on_turn`` is called after every turn.
+    The env is reset by ``start`` but not closed: the caller owns it.
     """
 
-    def __init__(self, env: Any, policy: Policy, *, spec: TaskSpec | None = None, writer: Any = None,
+    def __init__(self, env: Any, policy: Policy, *, spec: TaskSpec | None = None,
+                 writer: EpisodeRecorder | None = None,
                  on_turn: Callable[[Turn], None] | None = None, seed: int | None = None,
                  max_turns: int | None = None):
         check_option("seed", seed)
@@ -220,12 +222,12 @@ class EpisodePlayer:
         self._td = self.env.reset()
         self.spec = self.spec or self.base.task.spec  # after the reset: a multi-task env has just picked its task
         self._messages = conversation(self._td, self.layout)
-        if self.writer is not None and getattr(self.writer, "provenance", False) is None:
-            from ..records.provenance import run_record
+        if self.writer is not None and self.writer.provenance is None:
+            from ..records.provenance import provenance_record
 
-            self.writer.provenance = run_record(self.spec, self.policy, self.seed)
+            self.writer.provenance = provenance_record(self.spec, self.policy, self.seed)
         if self.writer is not None:
-            with batched(self.writer):
+            with self.writer.batch():
                 for message in self._messages:
                     (self.writer.system if message["role"] == "system" else self.writer.user)(message["content"])
         self.policy.reset(self.spec)
@@ -277,8 +279,8 @@ class EpisodePlayer:
         after = td["next"]
         thought, action, observation, format_error = turn_facts(after, layout)
         info = self._with_model_stats(self.base.last_info)
-        if info is not None:
-            result.info = dict(info)
+        if info is not None:  # the episode's outcome counts so far go on with the newest info
+            result.info = {**dict(info), **({"outcomes": result.info["outcomes"]} if "outcomes" in result.info else {})}
         turn = Turn(
             index=len(result.turns),
             response=response,
@@ -308,7 +310,7 @@ class EpisodePlayer:
         result.turns.append(turn)
         self._messages = conversation(after, layout)
         if self.writer is not None:
-            with batched(self.writer):
+            with self.writer.batch():
                 self.writer.step(turn.step(), info=result.info)
                 if not turn.done and self._messages and self._messages[-1]["role"] == "user":
                     self.writer.user(self._messages[-1]["content"])
@@ -375,9 +377,8 @@ class EpisodePlayer:
         self._over = True
         self.result.failure = reason
         self.result.info = self._with_model_stats(self.result.info) or {}
-        fail = getattr(self.writer, "fail", None)
-        if fail is not None:
-            fail(reason, info=self.result.info)
+        if self.writer is not None:
+            self.writer.fail(reason, info=self.result.info)
 
     def _with_model_stats(self, info: dict[str, Any] | None) -> dict[str, Any] | None:
         """``info`` with the policy's usage as ``info["model_stats"]`` (MLGym's place for it), when it keeps any."""
@@ -393,7 +394,7 @@ def run_episode(
     policy: Policy,
     *,
     spec: TaskSpec | None = None,
-    writer: TrajectoryWriter | None = None,
+    writer: EpisodeRecorder | None = None,
     on_turn: Callable[[Turn], None] | None = None,
     seed: int | None = None,
     max_turns: int | None = None,
@@ -410,9 +411,3 @@ def run_episode(
         pass
     return result
 
-
-def batched(writer: Any) -> contextlib.AbstractContextManager[Any]:
-    """``writer.batch()`` where the writer has one (a ``TrajectoryWriter``: the calls inside save once), else
-    nothing."""
-    batch = getattr(writer, "batch", None)
-    return batch() if batch is not None else contextlib.nullcontext()

@@ -23,6 +23,13 @@ class GiveUpWithExitApi(Policy):
         self.version = policy.version
         self.error = ""
 
+    def __getattr__(self, name: str) -> Any:
+        """What the wrapped policy says of itself (its ``model``, ``source``, ``url``, ``sampling``: what a run's
+        provenance records), as if unwrapped."""
+        if name == "policy":  # not set yet (while unpickling): no wrapped policy to ask
+            raise AttributeError(name)
+        return getattr(self.policy, name)
+
     def reset(self, spec: Any = None) -> None:
         """Start a new episode."""
         self.error = ""

@@ -7,7 +7,7 @@ its numbers depend on, and when it started and ended. No keys: an endpoint is re
 query. With the seed, ``run --policy replay:PATH`` (and ``replay``) rebuild the run as it was on the same
 installation: the evaluator's seed is derived from the seed and the installation's key (see ``seeding.py``).
 
-A record read back may come from anywhere: readers take settings from it only through ``record_trust.split_record``,
+A record read back may come from anywhere: readers take settings from it only through ``records.trust.split_record``,
 which lets it choose the task, components, seed and ``max_steps``, and never the backend or its options.
 """
 
@@ -73,8 +73,9 @@ def policy_record(policy: Any) -> dict[str, Any]:
     return record
 
 
-def run_record(spec: TaskSpec, policy: Any, seed: int | None) -> dict[str, Any]:
-    """The record of a run of ``spec`` by ``policy`` with ``seed``, started now (``ended`` is set at its end)."""
+def provenance_record(spec: TaskSpec, policy: Any, seed: int | None) -> dict[str, Any]:
+    """The provenance record of a run of ``spec`` by ``policy`` with ``seed``, started now (``ended`` is set at its
+    end)."""
     from .clock import now
 
     return {
@@ -94,7 +95,7 @@ def run_record(spec: TaskSpec, policy: Any, seed: int | None) -> dict[str, Any]:
 def recorded_run(path: str | Path) -> dict[str, Any] | None:
     """The ``"run"`` record of a recorded episode (its ``.traj``, or the ``results.json`` beside it or given),
     None when it has none (MLGym's own runs, or ours from before records). Untrusted: take settings from it through
-    ``record_trust.split_record`` only."""
+    ``records.trust.split_record`` only."""
     path = Path(path)
     candidates = [path] if path.suffix == ".json" else [path, path.with_name("results.json")]
     for candidate in candidates:

@@ -363,7 +363,7 @@ class TrajectoryWriter:
     info: dict[str, Any] = field(default_factory=dict)
     failure: str = ""
     provenance: dict[str, Any] | None = None
-    """How the run was made (``mlgym_registry.records.provenance.run_record``), saved as ``"run"`` in both files."""
+    """How the run was made (``records.provenance.provenance_record``), saved as ``"run"`` in both files."""
     _batches: int = field(default=0, init=False, repr=False)
     _unsaved: bool | None = field(default=None, init=False, repr=False)
     """None: nothing waits to be saved; else a save is due at the end of the batch (True: an ``fsync``'d one)."""

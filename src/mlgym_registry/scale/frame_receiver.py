@@ -1,4 +1,4 @@
-"""Turning the frames workers send (``episode_frames.Frame``) into recorded episodes, and checking that none is lost.
+"""Turning the frames workers send (``frames.Frame``) into recorded episodes, and checking that none is lost.
 
 Each env plays its episodes in order and each episode's frames are numbered, so the receiver knows what it should
 get: for every env, episodes ``0 .. per_env - 1``, each a start frame, its turn frames in order, and an end frame
@@ -19,6 +19,7 @@ from pathlib import Path
 from ..backends.protocol import INFRA_ERROR
 from ..episodes.episode import EpisodeResult
 from ..episodes.folders import FolderName, episode_folder
+from ..records.recorder import replay
 from ..records.trajectories import TrajectoryWriter
 from ..specs import TaskSpec
 from .frames import END, START, TURN, WARNING, Frame
@@ -91,7 +92,7 @@ class FrameReceiver:
         if frame.kind == END:
             self._end(frame, episode)
             return
-        self._replay(frame.events, episode.writer, until_end=False)
+        replay(frame.events, episode.writer)
         if frame.kind == TURN:
             turn = frame.turn
             if turn.index != len(episode.result.turns):
@@ -172,13 +173,13 @@ class FrameReceiver:
         result.info = dict(data.get("info") or result.info)
         result.finished, result.stop_reason = bool(data.get("finished")), str(data.get("stop_reason") or "")
         if episode.gaps or data.get("error"):
-            self._replay(frame.events, episode.writer, until_end=True)
+            replay(frame.events, episode.writer, without_end=True)
             what = "; ".join(episode.gaps) if episode.gaps else f"its worker raised {data['error']}"
             if episode.gaps and data.get("error"):
                 what += f"; its worker raised {data['error']}"
             self._lose(frame.env, frame.episode, episode, f"{what} ({_received(episode)})")
             return
-        self._replay(frame.events, episode.writer, until_end=False)
+        replay(frame.events, episode.writer)
         if data.get("gave_up"):  # the policy gave up (exit_api): the episode ended, and failed, as in one process
             result.failure = str(data["gave_up"])
             if episode.writer is not None:
@@ -195,27 +196,6 @@ class FrameReceiver:
         self.over[(env, number)] = result
         self.lost.append(f"env {env} episode {number}: {what}")
         self._progress()
-
-    def _replay(self, events: tuple, writer: TrajectoryWriter | None, *, until_end: bool) -> None:
-        """Make ``writer`` the calls of ``events``; with ``until_end``, the end of the episode (``finish`` or
-        ``fail``) is left to the caller."""
-        if writer is None:
-            return
-        with writer.batch():  # a frame's calls (a step and the next prompt) save once
-            for event in events:
-                kind = event[0]
-                if kind in ("finish", "fail") and until_end:
-                    continue
-                if kind in ("system", "user"):
-                    getattr(writer, kind)(event[1])
-                elif kind == "tool":
-                    writer.tool(event[1], event[2])
-                elif kind == "step":
-                    writer.step(event[1], info=event[2])
-                elif kind == "finish":
-                    writer.finish(event[1])
-                elif kind == "fail":
-                    writer.fail(event[1], info=event[2])
 
     def _progress(self) -> None:
         if self.on_step is not None:

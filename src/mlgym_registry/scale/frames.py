@@ -20,15 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..records.recorder import Call, CallRecorder
 from ..specs import TaskSpec
 
 START, TURN, END, WARNING, JOB_END = "start", "turn", "end", "warning", "job_end"
 """The kinds of frame: an episode's start, one of its turns, its end; a plugin problem seen in the worker; and the end
 of an env's job (``data["error"]``: what raised, when the job could not go on)."""
-
-Event = tuple
-"""A writer call to replay: ``("system"|"user", text)``, ``("tool", text, call_id)``, ``("step", Step, info)``,
-``("finish", info)`` or ``("fail", reason, info)``."""
 
 
 @dataclass(frozen=True)
@@ -39,8 +36,8 @@ class Frame:
     episode: int
     seq: int
     kind: str
-    events: tuple[Event, ...] = ()
-    """The writer calls since the previous frame, in order."""
+    events: tuple[Call, ...] = ()
+    """The recorder calls since the previous frame, in order (``records.recorder.Call``)."""
     turn: Any = None
     """The ``Turn`` of a turn frame."""
     data: dict[str, Any] = field(default_factory=dict)
@@ -60,38 +57,6 @@ class EnvJob:
     episodes: tuple[int, ...]
     seeds: tuple[int | None, ...]
     known_problems: tuple[str, ...] = ()
-
-
-class FrameRecorder:
-    """Stands in for a ``TrajectoryWriter`` in the worker: keeps the calls, for the next frame."""
-
-    provenance: dict[str, Any] | None = None
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def system(self, content: str) -> None:
-        self.events.append(("system", content))
-
-    def user(self, content: str) -> None:
-        self.events.append(("user", content))
-
-    def tool(self, content: str, tool_call_id: str) -> None:
-        self.events.append(("tool", content, tool_call_id))
-
-    def step(self, step: Any, info: dict[str, Any] | None = None) -> None:
-        self.events.append(("step", step, info))
-
-    def finish(self, info: dict[str, Any] | None = None) -> None:
-        self.events.append(("finish", info))
-
-    def fail(self, reason: str, info: dict[str, Any] | None = None) -> None:
-        self.events.append(("fail", reason, info))
-
-    def take(self) -> tuple[Event, ...]:
-        """The calls since the last ``take``."""
-        events, self.events = tuple(self.events), []
-        return events
 
 
 class _Sender:
@@ -119,7 +84,7 @@ def play_env(job: EnvJob, report: Callable[..., None]) -> int:
     try:
         for number, seed in zip(job.episodes, job.seeds, strict=True):
             if env is None:
-                env, policy = _build(spec, job)
+                env, policy = build_env_and_policy(spec, job.options, job.policy)
             if not _play_episode(env, policy, spec, _Sender(report, job.env, number), seed):
                 env.close()
                 policy.close()
@@ -167,25 +132,28 @@ def _play_job(job: EnvJob, report: Callable[..., None]) -> None:
     report(Frame(job.env, job.episodes[0] if job.episodes else 0, -1, JOB_END, data={"error": error}))
 
 
-def _build(spec: TaskSpec, job: EnvJob) -> tuple[Any, Any]:
+def build_env_and_policy(spec: TaskSpec, options: dict[str, Any], policy: Any) -> tuple[Any, Any]:
+    """What a remote engine (a worker process, a Ray actor) plays an episode with: the env ``registry.make`` builds
+    from ``spec`` and ``options``, and the policy ``policy`` names, writing in the env's parser's format and giving
+    up as MLGym does (``GiveUpWithExitApi``: its ``error`` says why, once it has)."""
     from ..policies import make_policy
     from ..policies.give_up import GiveUpWithExitApi
     from ..registry import registry
 
-    env = registry.make(spec, **job.options)
+    env = registry.make(spec, **options)
     try:
-        policy = make_policy(job.policy, task_id=spec.id, parser=spec.components.get("parser") or spec.parser)
+        built = make_policy(policy, task_id=spec.id, parser=spec.components.get("parser") or spec.parser)
     except BaseException:
         env.close()
         raise
-    return env, GiveUpWithExitApi(policy)
+    return env, GiveUpWithExitApi(built)
 
 
 def _play_episode(env: Any, policy: Any, spec: TaskSpec, sender: _Sender, seed: int | None) -> bool:
     """Play one episode and report its frames; False when something raised (the env may be broken)."""
     from ..episodes.episode import EpisodePlayer
 
-    recorder = FrameRecorder()
+    recorder = CallRecorder()
     player = EpisodePlayer(env, policy, spec=spec, writer=recorder, seed=seed)
     turns, error = 0, ""
     try:

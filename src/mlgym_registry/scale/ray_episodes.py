@@ -26,57 +26,44 @@ from typing import Any
 
 from ..episodes.episode import EpisodePlayer, EpisodeResult, Turn
 from ..episodes.folders import FolderName, episode_folder
-from ..records.trajectories import Step, TrajectoryWriter
+from ..records.recorder import Call, CallRecorder, replay
+from ..records.trajectories import TrajectoryWriter
 from ..specs import TaskSpec
 
 SWEEP_WAIT = 10.0
 """Seconds a clean-up task waits for killed actors' processes to exit before removing their folders."""
 
-Event = tuple
-"""What a worker reports: ``("system"|"user", text)``, ``("step", step_dict, info)``, ``("finish", info)``,
-``("turn", Turn)``, ``("warning", text)`` or ``("end", EpisodeResult)``."""
+@dataclass(frozen=True)
+class Report:
+    """What a worker sends back for each call: the recorder calls since the last one (``records.recorder.Call``),
+    the plugin problems it saw, the run's provenance record (with an episode's first report), the turn it played,
+    and, once the episode is over, its ``end`` (finished, stop reason, final info and ``failure``: why it could not go
+    on, or why its policy gave up)."""
 
-
-class _Recorder:
-    """Stands in for a ``TrajectoryWriter`` in the worker: keeps what would be written, for the driver."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def system(self, content: str) -> None:
-        self.events.append(("system", content))
-
-    def user(self, content: str) -> None:
-        self.events.append(("user", content))
-
-    def step(self, step: Step, info: dict[str, Any] | None = None) -> None:
-        self.events.append(("step", step.to_dict(), info))
-
-    def finish(self, info: dict[str, Any] | None = None) -> None:
-        self.events.append(("finish", info))
-
-    def take(self) -> list[Event]:
-        events, self.events = self.events, []
-        return events
+    calls: tuple[Call, ...] = ()
+    warnings: tuple[str, ...] = ()
+    provenance: dict[str, Any] | None = None
+    turn: Turn | None = None
+    end: EpisodeResult | None = None
 
 
 class EpisodeWorker:
-    """The body of a Ray actor: one env, rebuilt from a task spec, and a text policy next to it.
+    """The body of a Ray actor: one env, rebuilt from a task spec, and a text policy next to it (built as a worker
+    process builds them: ``frames.build_env_and_policy``).
 
-    ``start(seed)`` resets the env for a new episode, ``turn()`` plays one turn; both return the events since the
-    last call. The env lives as long as the actor (``close()`` closes it).
+    ``start(seed)`` resets the env for a new episode, ``turn()`` plays one turn; each returns a ``Report`` of what
+    the episode's ``EpisodeRecorder`` was told since the last call. The env lives as long as the actor (``close()``
+    closes it).
     """
 
     def __init__(self, spec: dict[str, Any], options: dict[str, Any], policy: str, known_problems: list[str]):
-        from ..policies import make_policy
         from ..registry import registry
+        from .frames import build_env_and_policy
 
         self.spec = TaskSpec.from_dict(spec)
-        self.options = dict(options)
-        self.problems = [str(error) for error in registry.load_errors() if str(error) not in known_problems]
-        self.env = registry.make(self.spec, **self.options)
-        self.policy = make_policy(policy, task_id=self.spec.id)
-        self.recorder = _Recorder()
+        self.problems = tuple(str(error) for error in registry.load_errors() if str(error) not in known_problems)
+        self.env, self.policy = build_env_and_policy(self.spec, dict(options), policy)
+        self.recorder = CallRecorder()
         self.player: EpisodePlayer | None = None
 
     def where(self) -> dict[str, Any]:
@@ -85,23 +72,29 @@ class EpisodeWorker:
 
         return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
 
-    def start(self, seed: int | None) -> list[Event]:
+    def start(self, seed: int | None) -> Report:
         """Begin an episode."""
-        events: list[Event] = [("warning", problem) for problem in self.problems]
-        self.problems = []
-        self.player = EpisodePlayer(self.env, self.policy, spec=self.spec, writer=self.recorder, seed=seed,
-                                    on_turn=lambda turn: self.recorder.events.append(("turn", turn)))
+        warned, self.problems = self.problems, ()
+        self.recorder = CallRecorder()
+        self.player = EpisodePlayer(self.env, self.policy, spec=self.spec, writer=self.recorder, seed=seed)
         self.player.start()
-        return events + self.recorder.take()
+        return Report(self.recorder.take(), warned, provenance=self.recorder.provenance)
 
-    def turn(self) -> list[Event]:
-        """Play the next turn; the events end with ``("end", result)`` once the episode is over."""
-        turn = self.player.play_turn()
-        events = self.recorder.take()
+    def turn(self) -> Report:
+        """Play the next turn; the report has an ``end`` once the episode is over. An exception inside the episode
+        (the env or the policy raised) ends it as failed, with the failure the player recorded."""
+        try:
+            turn = self.player.play_turn()
+        except Exception as exc:  # the episode fails alone
+            failure = self.player.result.failure or f"{type(exc).__name__}: {exc}"
+            return Report(self.recorder.take(), end=self._end(failure))
         if turn is None or turn.done:
-            result = self.player.result
-            events.append(("end", EpisodeResult(result.spec, [], result.info, result.finished, result.stop_reason)))
-        return events
+            return Report(self.recorder.take(), turn=turn, end=self._end(self.policy.error))
+        return Report(self.recorder.take(), turn=turn)
+
+    def _end(self, failure: str) -> EpisodeResult:
+        result = self.player.result
+        return EpisodeResult(result.spec, [], result.info, result.finished, result.stop_reason, failure)
 
     def close(self) -> None:
         """Close the env and the policy."""
@@ -225,34 +218,31 @@ class RayEpisodeRunner:
         if not ended:
             self._ask(slot, slot.actor.turn.remote())
 
-    def _apply(self, slot: _Slot, events: list[Event]) -> bool:
-        """Record a worker's events; whether the episode ended."""
+    def _apply(self, slot: _Slot, report: Report) -> bool:
+        """Record a worker's report; whether the episode ended."""
         writer, result = slot.writer, slot.result
-        for event in events:
-            kind = event[0]
-            if kind == "warning":
-                self._warn(event[1])
-            elif kind in ("system", "user") and writer is not None:
-                getattr(writer, kind)(event[1])
-            elif kind == "step" and writer is not None:
-                writer.step(Step(**event[1]), info=event[2])
-            elif kind == "finish" and writer is not None:
-                writer.finish(event[1])
-            elif kind == "turn":
-                turn: Turn = event[1]
-                result.turns.append(turn)
-                if turn.info is not None:
-                    result.info = turn.info
-                self.steps += 1
-                if self.on_step is not None:
-                    self.on_step(self.finished, self.steps)
-            elif kind == "end":
-                ended: EpisodeResult = event[1]
-                result.info = ended.info or result.info
-                result.finished, result.stop_reason = ended.finished, ended.stop_reason
-                self._episode_over(slot)
-                return True
-        return False
+        for problem in report.warnings:
+            self._warn(problem)
+        if writer is not None and report.provenance is not None:
+            writer.provenance = report.provenance
+        replay(report.calls, writer)
+        if report.turn is not None:
+            result.turns.append(report.turn)
+            if report.turn.info is not None:
+                result.info = report.turn.info
+            self.steps += 1
+            if self.on_step is not None:
+                self.on_step(self.finished, self.steps)
+        if report.end is None:
+            return False
+        end = report.end
+        result.info = end.info or result.info
+        result.finished, result.stop_reason, result.failure = end.finished, end.stop_reason, end.failure
+        if end.failure and writer is not None and writer.failure != end.failure:
+            # the policy gave up (the episode ended with exit_api), or the env raised before the player recorded it
+            writer.fail(end.failure, info=result.info)
+        self._episode_over(slot)
+        return True
 
     def _episode_over(self, slot: _Slot) -> None:
         slot.result.worker = dict(slot.where)
