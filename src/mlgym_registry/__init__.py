@@ -4,8 +4,8 @@
     env = registry.make("prisonersDilemma")
 
 Importing this package is cheap: torch, torchrl and tensordict load only when an env is built. It registers every
-task in Gymnasium as ``mlgym_registry/<task>`` once Gymnasium is imported (``gym_registration``), so
-``gymnasium.make("mlgym_registry/prisonersDilemma")`` works too (``gym_env``).
+task in Gymnasium as ``mlgym_registry/<task>`` once Gymnasium is imported (``faces.gymnasium_registration``), so
+``gymnasium.make("mlgym_registry/prisonersDilemma")`` works too (``faces.gymnasium``).
 """
 
 from __future__ import annotations
@@ -81,8 +81,6 @@ def prepare(task: TaskSpec | str | os.PathLike[str], *, force: bool = False, pip
     return registry.prepare(task, force=force, pip_args=pip_args, data_dir=data_dir, echo=echo)
 
 
-from . import _moved  # noqa: E402
 from .faces.gymnasium_registration import install_hook as _install_gymnasium_hook  # noqa: E402 - once complete
 
-_moved.install()
 _install_gymnasium_hook()

@@ -22,10 +22,11 @@ NAME = "mlgym_registry"
 LAYERS: list[set[str]] = [
     # 0, the helpers every layer uses: the package's version, errors, hook specs, task specs and their submission
     # schemas, options, seeds, the machine's cores, scores (the evaluation statuses, MLGym's table of ranking
-    # metrics, its score text), what an untrusted record or task file may decide (trust_rules), and MLGym's tool
-    # language (the commands, their signatures and docs) that backends, components and policies speak
-    {"errors", "hookspecs", "specs", "submissions", "options", "seeding", "terminal", "bounded_json", "_moved",
-     "_version", "scores", "tool_language", "kinds", "machine", "trust_rules"},
+    # metrics, its score text, the metrics' best values, the rows validate and submit score), what an untrusted
+    # record or task file may decide (trust_rules), and MLGym's tool language (the commands, their signatures and
+    # docs) that backends, components and policies speak
+    {"errors", "hookspecs", "specs", "submissions", "options", "seeding", "terminal", "bounded_json", "_lazy",
+     "_version", "scores", "tool_language", "kinds", "machine", "trust_rules", "best_scores", "held_out"},
     # 1, the plugin host: what a registered name is, loading plugins
     {"entries", "plugins"},
     # 2, the plugins' kinds, and what a task needs before it runs
@@ -172,26 +173,28 @@ def test_no_circle_between_the_root_modules_at_import_time():
     assert not circles, "import circles at import time:\n" + "\n".join(" -> ".join(c) for c in circles)
 
 
-def test_every_old_import_path_still_gives_its_module_with_a_warning():
-    """For one release after the move, ``import mlgym_registry.<old>`` is the module at its new path, with a
-    ``DeprecationWarning`` that names the new path (run in a fresh interpreter, where no old name is imported yet)."""
+def test_the_old_import_paths_of_0_1_are_gone():
+    """The shims for the modules' paths before they moved into folders are gone (CHANGELOG.md): an old path is not
+    found, and the only finder of the package's on ``sys.meta_path`` is Gymnasium's registration hook (run in a fresh
+    interpreter)."""
     code = textwrap.dedent("""
-        import importlib, json, warnings
-        from mlgym_registry._moved import MOVED
+        import importlib, importlib.util, json, sys
+        import mlgym_registry
         found = {}
-        for old, new in MOVED.items():
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                module = importlib.import_module("mlgym_registry." + old)
-            same = module is importlib.import_module("mlgym_registry." + new)
-            said = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)
-                    and "mlgym_registry." + new in str(w.message)]
-            found[old] = [same, bool(said), module.__spec__.name]
-        print(json.dumps(found))
+        for old in ("parallel", "episode", "trajectories", "ray_episodes", "gym_env", "validation", "tasks.baselines"):
+            try:
+                importlib.import_module("mlgym_registry." + old)
+                found[old] = "imported"
+            except ModuleNotFoundError as exc:
+                found[old] = exc.name
+        finders = [type(f).__module__ for f in sys.meta_path if type(f).__module__.startswith("mlgym_registry")]
+        print(json.dumps([found, finders, importlib.util.find_spec("mlgym_registry._moved") is None]))
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout.splitlines()[-1])
-    from mlgym_registry._moved import MOVED
-
-    assert found == {old: [True, True, f"{NAME}.{new}"] for old, new in MOVED.items()}
+    found, finders, no_shims = json.loads(result.stdout.splitlines()[-1])
+    assert found == {"parallel": f"{NAME}.parallel", "episode": f"{NAME}.episode",
+                     "trajectories": f"{NAME}.trajectories", "ray_episodes": f"{NAME}.ray_episodes",
+                     "gym_env": f"{NAME}.gym_env", "validation": f"{NAME}.validation",
+                     "tasks.baselines": f"{NAME}.tasks.baselines"}
+    assert finders == ["mlgym_registry.faces.gymnasium_registration"] and no_shims  # Gymnasium's hook alone

@@ -136,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
 def check_replayed_record(policy: str, specs: list, options: dict) -> None:
     """A ``replay:PATH`` policy plays the recorded actions only: nothing else is taken from the run's record, and a
     record whose backend options differ from the ones each task is benched with refuses the suite
-    (``RecordedSettingsRefused``) until ``-o KEY=VALUE`` passes them again (``record_trust``)."""
+    (``RecordedSettingsRefused``) until ``-o KEY=VALUE`` passes them again (``records.trust``)."""
     from ..records.trust import TypedSettings, check_record, read_record
 
     kind, _, path = str(policy).partition(":")

@@ -11,7 +11,7 @@ warning: recorded ``edit N:M`` commands were aimed at MLGym's starter files, who
 
 A run this package recorded replays on the task, components, seed and max steps its record names; nothing that
 decides confinement or trust (the backend, its options) is taken from a record, and one that differs from what this
-command would use refuses the replay until the command line passes it again (``record_trust``). Starter files rebuilt
+command would use refuses the replay until the command line passes it again (``records.trust``). Starter files rebuilt
 from the recorded windows are only the agent's own: the evaluator, protected files and data always come from the task.
 """
 
@@ -306,7 +306,7 @@ def main_one(args: argparse.Namespace, path: Path) -> int:
 @dataclass
 class ReplayPlan:
     """What one replay runs on: the command line's choices, else what the run recorded and a record may choose
-    (``record_trust``)."""
+    (``records.trust``)."""
 
     task: str
     warnings: list[str]

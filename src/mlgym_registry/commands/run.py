@@ -220,7 +220,7 @@ def apply_recorded_settings(args: argparse.Namespace) -> None:
     """For ``--policy replay:PATH`` of a run we recorded: what the command line leaves unset of what a record may
     choose (seed, max steps, components) as the run recorded it, so that the replay plays the run again.
 
-    The backend and its options stay the command line's and the task's (``record_trust``): a record that sets them
+    The backend and its options stay the command line's and the task's (``records.trust``): a record that sets them
     otherwise refuses the run (``RecordedSettingsRefused``) until the command line passes them again.
     """
     from ..records.trust import check_record, read_record

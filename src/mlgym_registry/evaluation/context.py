@@ -155,7 +155,7 @@ def _task_band(task: str, metric: str, runs: Sequence[Run], timeout: float) -> t
 def _as_played(spec: Any, runs: Sequence[Run]) -> Any:
     """``spec`` with the training timeout the runs recorded (the first run that records any). Their backend options
     are never taken: a run folder may come from anywhere, and a record never chooses how the starter code is confined
-    (``record_trust``); the band is measured under the task's own options."""
+    (``records.trust``); the band is measured under the task's own options."""
     settings = next((run.settings for run in runs if run.settings), None) or {}
     changes: dict[str, Any] = {}
     if settings.get("training_timeout"):

@@ -1,7 +1,7 @@
 """Replays the responses recorded in an MLGym ``.traj`` file, one per turn, whatever the env answers.
 
 The policy takes the responses only. What else a command takes from the run's record (task, components, seed, max
-steps; never the backend or its options) goes through ``record_trust``.
+steps; never the backend or its options) goes through ``records.trust``.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class ChatBatch(ChainTransform):
     """Gives the chain's outputs ``batch_size`` (one element) and its step inputs back the chain's own shape."""
 
     def __init__(self, layout: Layout, batch_size: Any = (1,)):
-        """``batch_size``: a shape of one element, at least one dim (``validation`` checks the option)."""
+        """``batch_size``: a shape of one element, at least one dim (``transforms.chain`` checks the option)."""
         super().__init__(layout)
         self.batch_size = torch.Size([batch_size] if isinstance(batch_size, int) else batch_size)
         self.index = (0,) * len(self.batch_size)

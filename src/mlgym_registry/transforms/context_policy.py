@@ -58,7 +58,7 @@ class OutcomeRule:
 
     @classmethod
     def of(cls, value: Any) -> OutcomeRule:
-        """The rule an ``on_length=``/``on_overflow=`` value says (``validation.is_outcome_action`` checked it)."""
+        """The rule an ``on_length=``/``on_overflow=`` value says (``chain.is_outcome_action`` checked it)."""
         items = value if isinstance(value, (tuple, list)) else (value,)
         words = {item for item in items if isinstance(item, str)}
         penalty = sum(float(item) for item in items if not isinstance(item, str))
