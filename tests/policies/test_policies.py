@@ -9,7 +9,7 @@ import pytest
 
 from mlgym_registry.components.parsers import StrictThoughtActionParser
 from mlgym_registry.policies import PolicyExhausted, make_policy
-from mlgym_registry.policies.base import evaluation_score, file_window
+from mlgym_registry.policies.base import file_window
 from mlgym_registry.policies.human import HumanPolicy
 from mlgym_registry.policies.playbooks import PLAYBOOKS
 from mlgym_registry.policies.replay import ReplayPolicy
@@ -119,8 +119,16 @@ def test_scripted_generic_plan_for_unknown_tasks():
 def test_observation_helpers():
     assert file_window("x\n[File: /a b/s.py (12 lines total)]\n1:x") == ("/a b/s.py", 12)
     assert file_window("no window") is None
-    assert evaluation_score(validated(2.5)) == {"Score": 2.5}
-    assert evaluation_score("Evaluation Score: {'Time': 1.5, 'Correct': 3}") == {"Time": 1.5, "Correct": 3}
+
+
+def test_the_scripted_policy_reads_scores_as_the_reward_does():
+    # one reader of MLGym's score lines (scores.parse_validation): numpy reprs and case-folded metric names included
+    for score_line in ("{'Score': 0.75}", "{'Score': np.float64(0.75)}", "{'Time': 3.0, 'score': 0.75}"):
+        talk = Conversation(ScriptedPolicy("someoneElsesTask", metric="Score"))
+        talk.turn()
+        talk.turn("data/ train.py")
+        talk.turn(f"Baseline Score: {{'Score': 0.5}}\nEvaluation Score: {score_line}")
+        assert "It scored 0.7500." in talk.messages[-1]["content"], score_line
 
 
 def recorded(*steps: tuple[str, str, str]) -> Trajectory:

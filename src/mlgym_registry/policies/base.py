@@ -7,14 +7,12 @@ a model would produce it (a short discussion and one command, in the format the 
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MLGymRegistryError
-from ..scores import BASELINE_LABEL, EVALUATION_LABEL
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -114,46 +112,7 @@ def numbered_lines(text: str) -> dict[int, str]:
     return lines
 
 
-def evaluation_score(text: str) -> dict[str, float] | None:
-    """The metric dict of a validate observation (``Evaluation Score: {...}``), or None."""
-    return _literal_dict(EVALUATION_LABEL, text)
-
-
-def baseline_score(text: str) -> dict[str, float] | None:
-    """The baseline metric dict of a validate observation (``Baseline Score: {...}``), or None."""
-    return _literal_dict(BASELINE_LABEL, text)
-
-
 def remaining_steps(text: str) -> int | None:
     """``Remaining Steps`` from the status block in ``text``, or None."""
     match = _REMAINING.search(text)
     return int(match[1]) if match else None
-
-
-def _first_braced(prefix: str, text: str) -> str | None:
-    """What ``re.search(prefix + r"(\\{.*?\\})", text)`` captures, in linear time (the pattern's search took seconds
-    on a line of unclosed openers): an opener whose line has no ``}`` after it fails, and so does every later opener
-    of that line, so the search goes on from the next line."""
-    start = 0
-    while True:
-        found = text.find(prefix + "{", start)
-        if found < 0:
-            return None
-        brace = found + len(prefix)
-        line_end = text.find("\n", brace)
-        line_end = len(text) if line_end < 0 else line_end
-        close = text.find("}", brace, line_end)
-        if close >= 0:
-            return text[brace : close + 1]
-        start = line_end
-
-
-def _literal_dict(prefix: str, text: str) -> dict[str, float] | None:
-    braced = _first_braced(prefix, text)
-    if braced is None:
-        return None
-    try:
-        value = ast.literal_eval(braced)
-    except (ValueError, SyntaxError, RecursionError, MemoryError):
-        return None
-    return value if isinstance(value, dict) else None

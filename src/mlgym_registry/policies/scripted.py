@@ -17,14 +17,17 @@ from collections.abc import Generator
 from typing import Any
 
 from ..components.parsers import reads_action
-from .base import Messages, Policy, evaluation_score, fenced, file_window, last_user_message, remaining_steps
+from ..scores import find_metric, parse_validation
+from ..specs import baseline_command
+from .base import Messages, Policy, fenced, file_window, last_user_message, remaining_steps
 from .playbooks import Candidate, Playbook, playbook_for
 
 Plan = Generator[str, str, None]
 
 
 class ScriptedPolicy(Policy):
-    """Plays each task of our suite from its playbook; other tasks get: look around, validate, submit."""
+    """Plays each task of our suite from its playbook; other tasks get: look around, run the task's baseline program
+    (``specs.baseline_command``: a CSV task's ``baseline.py`` writes the submission), validate, submit."""
 
     name = "scripted"
 
@@ -36,6 +39,9 @@ class ScriptedPolicy(Policy):
         self.metric = metric
         self.lower_is_better = lower_is_better
         self.parser: Any = resolve_parser(parser)
+        self.baseline: str | None = None
+        """The shell command that makes the task's baseline submission, run before validating a task without a
+        playbook (from ``reset(spec)``; None: the starter code is the baseline)."""
         self._plan: Plan | None = None
 
     def reset(self, spec: Any = None) -> None:
@@ -43,6 +49,7 @@ class ScriptedPolicy(Policy):
         (``spec.parser``, resolved as the env resolves it) sets the format of the responses."""
         if spec is not None:
             self.task_id = spec.id
+            self.baseline = baseline_command(spec)
             baseline = spec.baseline or {}
             self.metric = self.metric or spec.extra.get("priority_metric") or next(iter(baseline), None)
             self.lower_is_better = str(spec.extra.get("metric_direction", "max")).lower() == "min"
@@ -63,8 +70,9 @@ class ScriptedPolicy(Policy):
             return None
         from .playbooks import PLAYBOOKS
 
-        return (f"the scripted policy has no plan for task {task_id!r}: it lists the files, validates the starter code "
-                f"and submits it (it has plans for {', '.join(sorted(PLAYBOOKS))})")
+        return (f"the scripted policy has no plan for task {task_id!r}: it lists the files, runs the task's baseline "
+                f"program (its baseline_paths), validates what is there and submits it (it has plans for "
+                f"{', '.join(sorted(PLAYBOOKS))})")
 
     def say(self, discussion: str, command: str) -> str:
         """A response with ``discussion`` and ``command`` in the parser's format (``in_format``)."""
@@ -122,17 +130,23 @@ class ScriptedPolicy(Policy):
         yield self.say(f"{summary} I am done, so I submit.", "submit")
 
     def _validate_and_submit(self, observation: str) -> Plan:
-        observation = yield self.say("I have no specific plan for this task; let me validate what is there.",
-                                     "validate")
+        if self.baseline is not None:
+            observation = yield self.say(
+                f"I have no specific plan for this task; I run its baseline program (`{self.baseline}`), which makes "
+                "the baseline submission.", self.baseline)
+            if (remaining_steps(observation) or 0) < 2:  # one step left: keep it to submit
+                yield self.say("There is no step left to validate; I submit what the baseline made.", "submit")
+                return
+        observation = yield self.say("Let me validate what is there.", "validate")
         score = self._score(observation)
         note = f"It scored {score:.4f}." if score is not None else "Validation gave no score."
         yield self.say(f"{note} I submit the current solution.", "submit")
 
     def _score(self, observation: str) -> float | None:
-        metrics = evaluation_score(observation)
+        metrics = parse_validation(observation).get("evaluation")
         if not metrics:
             return None
-        key = self.metric if self.metric in metrics else next(iter(metrics))
+        key = (find_metric(self.metric, metrics) if self.metric else None) or next(iter(metrics))
         value = metrics[key]
         if not isinstance(value, (int, float)):
             return None
