@@ -160,7 +160,7 @@ def play(
     ``"process"`` ``num_envs`` worker processes, started once for the suite, play them: each worker takes the next
     pending run (of whichever task) as soon as it is done with one, so ``num_envs`` runs are always going until
     fewer are left (``_play_pooled``). With ``engine`` ``"ray"`` they are played ``num_envs`` at a time, one task at a
-    time, through ``episode_runs.run_episodes``. However it is played, run ``k`` is seeded ``seed + k`` and a policy
+    time, through ``scale.runs.run_episodes``. However it is played, run ``k`` is seeded ``seed + k`` and a policy
     that gives up (``PolicyError``: the API failed) ends only its run, with MLGym's ``exit_api``, and the suite goes
     on. A run about to be played again loses what its folder held. With ``record`` (the suite's settings record,
     ``settings.start_suite``) each run's folder gets its ``settings.json``.

@@ -3,7 +3,7 @@
 Built on OpenEnv's own ``HTTPEnvServer`` in its production mode: ``/ws`` sessions with ``reset``, ``step`` and
 ``state``, plus ``/health``, ``/metadata``, ``/schema``, ``POST /mcp`` and the task routes (``/mlgym/tasks``, ...);
 the stateless HTTP ``/reset``, ``/step`` and ``/state`` are not registered and there is no web UI. Each session plays
-the env ``registry.make`` builds (through ``gym_env.MLGymRegistryEnv``: the same components, sandbox, rewards and
+the env ``registry.make`` builds (through ``gymnasium.MLGymRegistryEnv``: the same components, sandbox, rewards and
 seeding), built on the session's first reset, never for ``/metadata`` or the task routes.
 
 A session is one ``/ws`` connection and lives exactly as long as it (or its running step): the env has no MCP tools,
