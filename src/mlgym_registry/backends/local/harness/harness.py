@@ -1007,6 +1007,7 @@ def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], stat
     # whose caches the interpreter reads as usual (a private cache folder would compile numpy and the like anew at
     # every evaluation); the script itself runs from source, as ``python script.py`` does
     sys.meta_path.insert(0, EvaluationFinder(workspace, trusted, channel, system_path))
+    seed_global_randomness(os.environ.get(EVALUATION_SEED_VARIABLE))
     sys.argv = list(argv)
     status = os.fdopen(status_fd, "w", encoding="utf-8") if status_fd is not None else None
     import runpy  # here, not at the top: the agent's process has no use for it
@@ -1048,6 +1049,62 @@ class InputTrace:
 
     def paths(self) -> list[str]:
         return list(self._seen)
+
+
+EVALUATION_SEED_VARIABLE = "MLGYM_REGISTRY_EVAL_SEED"
+"""The evaluator's seed, set in its process only (``mlgym_registry.seeding.EVALUATION_SEED_VARIABLE``: this module
+imports nothing of the package's)."""
+
+
+def seed_global_randomness(seed: str | None) -> None:
+    """Seed the global generators an evaluation script may draw from without reading the seed itself (``random``,
+    numpy's legacy one, at its import or now), so that every evaluator's randomness follows the evaluation seed:
+    unpredictable to the agent, the same for the same seed. MLGym's game evaluators draw from ``random`` unseeded."""
+    if seed is None or not seed.lstrip("-").isdigit():
+        return
+    value = int(seed) % 2**32
+    import random
+
+    random.seed(value)
+    if "numpy" in sys.modules:  # preloaded
+        _seed_numpy(sys.modules["numpy"], value)
+    else:
+        sys.meta_path.insert(0, _NumpySeeder(value))
+
+
+def _seed_numpy(numpy, value: int) -> None:
+    try:
+        numpy.random.seed(value)
+    except Exception:  # noqa: BLE001 - a numpy without its legacy generator: nothing to seed
+        pass
+
+
+class _NumpySeeder:
+    """Seeds numpy's global generator as soon as numpy is imported (a finder that wraps numpy's own loader)."""
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "numpy":
+            return None
+        sys.meta_path.remove(self)
+        spec = None
+        for finder in sys.meta_path:  # the others decide, the evaluation's own rules first
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None:
+            return spec
+        run, value = spec.loader.exec_module, self.value
+
+        def exec_module(module):
+            run(module)
+            _seed_numpy(module, value)
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 STARTUP_MODULES = frozenset(sys.modules)
