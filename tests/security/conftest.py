@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +60,21 @@ def make(mini_spec):
     yield factory
     for env in made:
         env.close()
+
+
+@pytest.fixture
+def small_disk():
+    """A 96 MB file system of its own (an in-memory one, mounted here), where envs can fill the disk they share."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    folder = Path(tempfile.mkdtemp(prefix="mlgr-small-disk-"))
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m,mode=0755", "tmpfs", str(folder)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        folder.rmdir()
+        pytest.skip(f"cannot mount a small file system here: {done.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+        folder.rmdir()

@@ -264,24 +264,6 @@ def test_a_background_writer_past_the_quota_is_stopped_too(make):
     assert validate_outcome(env)[1] == "invalid_submission"  # still over: its files stay until it deletes them
 
 
-@pytest.fixture
-def small_disk():
-    """A 96 MB file system of its own (an in-memory one, mounted here), where envs can fill the disk they share."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root")
-    folder = Path(tempfile.mkdtemp(prefix="mlgr-small-disk-"))
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m,mode=0755", "tmpfs", str(folder)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        folder.rmdir()
-        pytest.skip(f"cannot mount a small file system here: {done.stderr.strip()}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-        folder.rmdir()
-
-
 def _fill(path: Path) -> None:
     """Write to ``path`` until the disk is full (as another program of the host would)."""
     chunk = b"\1" * (1 << 20)

@@ -6,13 +6,17 @@ workspace included. Its clock is the wall time since then less the time it *stal
 held:
 
     stall  = min(waited, wall - ran)
-    waited = the longer of its cgroup's CPU pressure (v2 ``cpu.pressure`` ``some``: wall-clock time in which one of
-             its processes was runnable and got no CPU) and the run-queue waits of its threads
-             (``/proc/<tid>/schedstat``), plus the driver thread's own run-queue wait (it copies the workspace)
-    ran    = the CPU time its processes and the driver thread used
+    waited = the run-queue wait (``/proc/<tid>/schedstat``) of the evaluation's own two processes, the pristine
+             evaluator and the process that answers for the agent's code (each the first process of its sandbox),
+             each counted as its longest-waiting thread's, plus the driver thread's own wait (it copies the workspace)
+    ran    = the CPU time the evaluation's processes (all of them: what the agent's code started too) and the driver
+             thread used
 
-``wall - ran`` is the time in which nothing of it ran, so waiting while it also ran (its own threads contending for
-the CPUs it got) is never a stall: busy threads of the agent's code cannot buy it time.
+Only those two processes' waiting counts, and each once however many threads it has: what the agent's code starts
+(children, a herd of threads or processes that wake together) adds nothing to ``waited``, where a sum over every
+thread grew past the wall clock. ``wall - ran`` is the time in which nothing of it ran, so waiting while its own
+processes held the CPUs is never a stall either: keeping itself waiting costs the agent's code at least as much CPU
+time as it could buy, which leaves the clock at least a third of the wall time (far from the backstop below).
 
 - The clock reaches ``timeout``: the evaluation had its time, and used it (running, or sleeping, waiting for its own
   input): the agent's failure (``agent_error``, or ``invalid_submission`` for a file the evaluator only reads), as
@@ -30,7 +34,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .cgroups import Usage, thread_times
+from . import procs
+from .cgroups import Usage, process_threads, thread_times
 
 BACKSTOP_FACTOR = 4
 BACKSTOP_EXTRA = 60.0
@@ -81,9 +86,7 @@ class EvaluationClock:
         if reading is None or self.first is None:
             return self.stall
         (usage, driver_cpu, driver_wait), (first, first_cpu, first_wait) = reading, self.first
-        pressure = usage.pressure - first.pressure if usage.pressure is not None and first.pressure is not None else 0
-        queued = sum(wait - first.waits.get(tid, 0.0) for tid, wait in usage.waits.items())
-        waited = max(pressure, queued, 0.0) + max(driver_wait - first_wait, 0.0)
+        waited = sum(own_wait(pid) for pid in own_processes(self.roots)) + max(driver_wait - first_wait, 0.0)
         self.ran = max(usage.cpu - first.cpu, 0.0) + max(driver_cpu - first_cpu, 0.0)
         self.stall = max(self.stall, min(waited, max(now - self.began - self.ran, 0.0)))
         return self.stall
@@ -117,6 +120,35 @@ class EvaluationClock:
             f"work of this machine held, and used {self.ran:.1f} seconds of CPU. This is the machine's load, not the "
             "submission's fault."
         )
+
+
+def own_processes(roots: frozenset[int] | set[int]) -> set[int]:
+    """The evaluation's own processes: each of ``roots`` (what the evaluation started: ``bwrap``, or the program
+    itself unsandboxed) and, below it, the first process of a PID namespace of its own (the sandbox's program).
+    Nothing the agent's code starts is among them: it cannot make a PID namespace in the sandbox."""
+    own = set(roots)
+    for root in roots:
+        own |= {pid for pid in procs.descendants(root) if _first_of_its_namespace(pid)}
+    return own
+
+
+def own_wait(pid: int) -> float:
+    """The seconds ``pid`` waited for a CPU: its longest-waiting live thread's run-queue wait (threads' waits overlap,
+    so a sum would count one wall-clock second once per thread)."""
+    _, waits = thread_times(process_threads({pid}))
+    return max(waits.values(), default=0.0)
+
+
+def _first_of_its_namespace(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    ids = line.split()[1:]
+                    return len(ids) > 1 and ids[-1] == "1"
+    except OSError:
+        pass
+    return False
 
 
 def _seconds(value: float) -> str:

@@ -7,6 +7,10 @@
 - CPU share: the env's CPU cgroups (``cgroups.py``); on the unified (v2) hierarchy they also hold the process and
   memory limits, since a process is in one v2 cgroup only.
 - File size: ``RLIMIT_FSIZE``.
+- The OOM killer's choice: every process of an env starts with ``oom_score_adj`` ``OOM_SCORE_ADJ`` (1000, the most),
+  inherited by everything it starts, so when the machine runs out of memory the kernel kills an env's process, never
+  the trainer (which keeps its own, lower value); the sandbox's ``/proc`` is read-only, so no process of the agent
+  can lower it again.
 - Network, only for ``sandbox="none"`` (the sandbox has its own network namespace): the shell runs under
   ``unshare -n`` when the OS permits it; this is checked once per process, with a one-time warning when it is not.
 """
@@ -28,6 +32,17 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+OOM_SCORE_ADJ = 1000
+"""The ``oom_score_adj`` of every process an env starts (the kernel's most: such a process is the OOM killer's first
+choice, whatever its size). Raising one's own value needs no privilege; lowering it again does, or a writable
+``/proc`` where the raise was made without ``CAP_SYS_RESOURCE`` (the sandbox's ``/proc`` is read-only)."""
+
+OOM_SCORE_ADJ_FILE = "/proc/self/oom_score_adj"
+
+SANDBOX_PENDING_SIGNALS = 1024
+"""``RLIMIT_SIGPENDING`` in the sandbox: the most signals its processes may have queued (the host counts them against
+the driver's user)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,7 @@ def make_preexec(
     memory = limits.memory_limit_mb * 1024 * 1024 if limits.memory_limit_mb and memory_rlimit else None
     file_size = file_size_mb * 1024 * 1024 if file_size_mb else None
     cpu = limits.cpu_seconds
+    oom_score = str(OOM_SCORE_ADJ).encode()
     prctl = _prctl()
     on_main_thread = threading.current_thread() is threading.main_thread()
     parent = os.getpid()
@@ -86,6 +102,14 @@ def make_preexec(
                     os.close(fd)
             except OSError:
                 pass  # the cgroup went away: run without it rather than not at all
+        try:
+            fd = os.open(OOM_SCORE_ADJ_FILE, os.O_WRONLY)
+            try:
+                os.write(fd, oom_score)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # no /proc: the cgroup's memory limit still holds the env
         if memory:
             _set(resource.RLIMIT_AS, memory)
         if file_size:
@@ -112,6 +136,10 @@ def exec_prefix(
     with the parent), and the sandbox's shell is the reaper of its orphans (PID 1 of its namespace).
     """
     lines = [f"{{ builtin echo 0 >{shlex.quote(path)}; }} 2>/dev/null" for path in cgroup_procs]
+    lines.append(f"{{ builtin echo {OOM_SCORE_ADJ} >{OOM_SCORE_ADJ_FILE}; }} 2>/dev/null")
+    # charged to the user on the host (the driver's): no POSIX message queue for the sandbox, and its queued signals
+    # bounded (the kernel counts them per user at every level of user namespace, each level against its own limit)
+    lines.append(f"builtin ulimit -q 0 -i {SANDBOX_PENDING_SIGNALS} || builtin exit 126")
     # bash counts -v and -f in KiB (outside POSIX mode, which this environment does not ask for)
     values = [
         ("v", resource.RLIMIT_AS, limits.memory_limit_mb << 20 if limits.memory_limit_mb and memory_rlimit else None,

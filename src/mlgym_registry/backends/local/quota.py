@@ -9,23 +9,73 @@ It is a checked budget, not a file system of its own (which only a privileged dr
 measures the workspace as it copies it and stops at the quota, and that is the agent's failure (``WorkspaceTooLarge``,
 an invalid submission). Between evaluations, ``disk_guard`` stops the agent's processes once its files take more
 than the quota, within a second or so of their going over it; a command cannot write a file over ``max_file_mb``
-(``RLIMIT_FSIZE``) in any case. A disk that is full while the env is within its quota was filled by someone else (or
-is too small for the quotas of its envs): that is the host's failure, ``infra_error``.
+(``RLIMIT_FSIZE``) in any case.
+
+Envs share a disk. Each is given, at admission (``make``), at most its fair share of it: the disk's free space then,
+divided among the live envs whose folders are in the same ``workspace_dir`` (this one included, in any process); a
+quota larger than that is lowered to it, with a warning, and an env whose share is under ``MIN_SHARE_MB`` is refused
+(``DiskShareTooSmall``): summed quotas never promise more than the disk has. When an evaluation finds the disk full,
+whose failure it is comes from the env's own account: an env whose files take more than its quota or its fair share
+now (its free space at admission divided among the envs sharing the disk now) filled it, its failure; an env within
+both did not: someone else filled the disk, the host's failure, ``infra_error``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...errors import BackendUnavailable
 from . import trees
 
 DEFAULT_SPARE_MB = 2048
 """``max_disk_mb`` defaults to two files of the largest size a command may write (``max_file_mb``: one in the
 workspace, one in its copy) and this much more."""
+
+
+MIN_SHARE_MB = 16
+"""The least disk an env is admitted with (its workspace, task files and an evaluation's copy of them)."""
+
+ENV_FOLDER_PREFIX = "mlgym-registry-"
+OWNER_FILE = "owner.pid"
+"""How a live env's folder is told (``resources``: its owner holds a lock on ``owner.pid`` while it lives)."""
+
+
+_LOWERED: set[str] = set()
+"""The env folders where this process lowered a quota (and warned about it)."""
+
+
+class DiskShareTooSmall(BackendUnavailable):
+    """The disk of ``workspace_dir`` has too little free space for one more env."""
+
+
+def sharing_envs(parent: Path) -> int:
+    """How many live envs have their folders in ``parent`` (their owners hold the lock on ``owner.pid``; in every
+    process of this machine)."""
+    count = 0
+    try:
+        owners = list(parent.glob(f"{ENV_FOLDER_PREFIX}*/{OWNER_FILE}"))
+    except OSError:
+        return 1
+    for owner in owners:
+        try:
+            fd = os.open(owner, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            count += 1  # locked: its owner lives
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+    return max(count, 1)
 
 
 def default_disk_mb(max_file_mb: int | None, default_file_mb: int) -> int:
@@ -54,9 +104,49 @@ class DiskQuota:
     stopped_at: int = 0
     """What the env took when ``disk_guard`` last stopped its processes: it stops them again only past that (the
     agent must be able to run ``rm`` while it is still over). A reset sets it back to 0."""
+    admitted_free: int | None = field(default=None, init=False)
+    """The disk's free space when the env was admitted (None: it cannot be told)."""
     _free_then: int | None = field(default=None, repr=False)
     _room: int = field(default=0, repr=False)
     _next_walk: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        self.admit()
+
+    @property
+    def env_folders(self) -> Path:
+        """Where the env's folder and those of the envs sharing its disk are (its ``workspace_dir``)."""
+        return self.workspace.parent.parent
+
+    def fair_share(self) -> int | None:
+        """The env's fair share of its disk now: its free space at admission divided among the envs sharing the
+        disk now (None when the free space could not be told)."""
+        if self.admitted_free is None:
+            return None
+        return self.admitted_free // sharing_envs(self.env_folders)
+
+    def admit(self) -> None:
+        """Give the env at most its fair share of the disk: lower ``limit`` to it with a warning, or refuse the env
+        (``DiskShareTooSmall``) when the share is under ``MIN_SHARE_MB``."""
+        self.admitted_free = _free_bytes(self.workspace)
+        share = self.fair_share()
+        if share is None or share >= self.limit:
+            return
+        envs = sharing_envs(self.env_folders)
+        where = (f"the disk of {self.env_folders} has {self.admitted_free >> 20} MB free for {envs} env(s), "
+                 f"{share >> 20} MB each")
+        if share >> 20 < MIN_SHARE_MB:
+            raise DiskShareTooSmall(
+                f"local backend: {where}, less than the {MIN_SHARE_MB} MB an env needs at least; free space there, "
+                "close other envs, or give them another folder (workspace_dir=) on a disk with room")
+        if str(self.env_folders) not in _LOWERED:  # once per folder and process: every env there is lowered alike
+            _LOWERED.add(str(self.env_folders))
+            warnings.warn(f"local backend: {where}: this env's disk quota (max_disk_mb) is lowered from "
+                          f"{self.limit_mb} to {share >> 20} MB (and so is any other env's made there whose share is "
+                          "smaller than its quota), so that the envs' quotas never promise more than the disk has; "
+                          "give workspace_dir more room, or run fewer envs on it, for more", RuntimeWarning,
+                          stacklevel=4)
+        self.limit = share
 
     @property
     def limit_mb(self) -> int:
@@ -96,13 +186,16 @@ class DiskQuota:
         return sum(trees.disk_usage(folder) for folder in self.outside)
 
     def exceeded(self) -> bool:
-        """Whether the agent's files and the copy an evaluation makes of them take more than the quota: a write that
-        found the disk full was then the agent's doing. False when that cannot be measured (this process is out of
-        descriptors or memory, the disk fails): nothing then shows that the agent is to blame."""
+        """Whether the agent's files and the copy an evaluation makes of them take more than the quota or the env's
+        fair share of the disk now (``fair_share``): a write that found the disk full was then the agent's doing.
+        False when that cannot be measured (this process is out of descriptors or memory, the disk fails): nothing
+        then shows that the agent is to blame."""
+        share = self.fair_share()
+        bound = self.limit if share is None else min(self.limit, share)
         try:
             with self.lock:
                 added = self.workspace_usage()  # the task's paths, added to or not, are never copied:
-                return 2 * added - self.added_to_task_files() + self.outside_usage() > self.limit
+                return 2 * added - self.added_to_task_files() + self.outside_usage() > bound
         except OSError:
             return False
 

@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cgroups
+from . import cgroups, quota
 from . import limits as limits_mod
 from .evaluation import Started, force_rmtree
 from .session import ShellSession
 
-ROOT_PREFIX = "mlgym-registry-"
-OWNER_FILE = "owner.pid"
+ROOT_PREFIX = quota.ENV_FOLDER_PREFIX
+OWNER_FILE = quota.OWNER_FILE
 NewSession = Callable[[limits_mod.PidsCgroup | None, limits_mod.MemoryCgroup | None], ShellSession]
 """Starts a shell whose processes are in the given pids and memory cgroups."""
 
@@ -107,6 +107,9 @@ class Resources:
                              "root RLIMIT_NPROC does not apply")
         if limits.memory_limit_mb and self.memory is None:
             self.memory = limits_mod.MemoryCgroup.create(limits.memory_limit_mb)
+        if limits.memory_limit_mb:
+            _PROMISED[str(self.root)] = limits.memory_limit_mb
+            warn_if_overcommitted(self.memory)
         return nproc
 
     def make_spare_cgroups(self, limits: limits_mod.Limits) -> bool:
@@ -267,6 +270,7 @@ class Resources:
             self.owner_lock = None
 
     def _remove_cgroups(self) -> None:
+        _PROMISED.pop(str(self.root), None)
         envelope, self.envelope = self.envelope, None
         for _ in range(2):  # the session's and the spare ones
             if self.cgroup is not None:
@@ -345,3 +349,57 @@ def folder_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return info.st_dev, info.st_ino
+
+
+# -- memory promised to envs ------------------------------------------------------------------------------------------
+_PROMISED: dict[str, int] = {}
+"""This process's live envs: private folder -> ``memory_limit_mb``."""
+
+OVERCOMMITTED = (
+    "the memory limits of the {count} envs on this machine add up to {promised} MB, more than its {total} MB of "
+    "memory: when they use it, the kernel's OOM killer will kill envs' processes (each sandboxed process is its first "
+    "choice, oom_score_adj 1000, never the trainer), so envs lose work. Lower memory_limit_mb or run fewer envs.")
+
+
+def promised_memory_mb(memory: limits_mod.MemoryCgroup | None) -> tuple[int, int]:
+    """(envs, MB) the envs on this machine may use together: the limits of every env's memory cgroup beside
+    ``memory`` (every process's envs that share its parent cgroup), else this process's envs' ``memory_limit_mb``."""
+    if memory is None:
+        return len(_PROMISED), sum(_PROMISED.values())
+    name = "memory.max" if memory.v2 else "memory.limit_in_bytes"
+    count, total = 0, 0
+    for folder in memory.path.parent.glob(f"{cgroups.PREFIX}*"):
+        try:
+            value = (folder / name).read_text().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            count, total = count + 1, total + (int(value) >> 20)
+    return count, total
+
+
+def machine_memory_mb() -> int | None:
+    """The machine's memory (``MemTotal``), None where ``/proc/meminfo`` cannot be read."""
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) >> 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def warn_if_overcommitted(memory: limits_mod.MemoryCgroup | None) -> bool:
+    """Warn (once per process) when the envs' memory limits add up to more than the machine's memory; True if so."""
+    total = machine_memory_mb()
+    count, promised = promised_memory_mb(memory)
+    if total is None or promised <= total:
+        return False
+    if not _warned:
+        _warned.append(True)
+        warnings.warn(OVERCOMMITTED.format(count=count, promised=promised, total=total), RuntimeWarning, stacklevel=4)
+    return True
+
+
+_warned: list[bool] = []

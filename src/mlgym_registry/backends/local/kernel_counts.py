@@ -1,0 +1,80 @@
+"""What keeps the kernel's per-user counts out of the agent's reach: the seccomp filter every sandbox runs under.
+
+Some kernel objects are counted per *user* on the host, whatever namespace makes them, and the agent's processes
+are the driver's user there: inotify instances (``fs.inotify.max_user_instances``, 128 by default), fanotify groups
+and the key quota (``kernel.keys.maxkeys``). An agent holding them all makes the trainer's ``inotify_init`` fail
+(``EMFILE``) and a neighbour env's tools with it. A count a namespace could lower for the sandbox alone needs
+privileges the driver does not have, so the sandbox refuses the calls that make these objects: ``inotify_init``,
+``inotify_init1`` and ``fanotify_init`` fail with ``EMFILE`` (what a program meets when the count is used up, so
+tools such as ``tail -f`` fall back to polling), ``add_key``, ``request_key`` and ``keyctl`` with ``EPERM`` (as under
+Docker's default profile). User namespaces are refused by bwrap itself (``--disable-userns``), POSIX message queues
+by ``RLIMIT_MSGQUEUE`` 0, and queued signals are bounded by ``RLIMIT_SIGPENDING`` (``limits.exec_prefix``).
+
+The filter is a classic BPF program for each architecture bwrap runs on here (x86-64 with its x32 numbers, i386,
+aarch64); bwrap loads it from a descriptor (``--seccomp``) after its own setup.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import functools
+import os
+import platform
+import shutil
+import struct
+import tempfile
+
+SECCOMP_FD = 9
+"""The descriptor the sandbox's start-up shell opens the filter on for bwrap (``--seccomp 9``)."""
+
+_EMFILE = ("inotify_init", "inotify_init1", "fanotify_init")
+_EPERM = ("add_key", "request_key", "keyctl")
+DENIED = {**{name: errno.EMFILE for name in _EMFILE}, **{name: errno.EPERM for name in _EPERM}}
+"""The system calls the sandbox refuses, and the error each fails with."""
+
+# audit architecture -> (system call numbers, mask applied to the number first)
+_X32_BIT = 0x40000000
+_ARCHES: dict[int, tuple[dict[str, int], int]] = {
+    0xC000003E: ({"inotify_init": 253, "inotify_init1": 294, "fanotify_init": 300, "add_key": 248,
+                  "request_key": 249, "keyctl": 250}, 0xFFFFFFFF & ~_X32_BIT),  # x86-64 and x32
+    0x40000003: ({"inotify_init": 291, "inotify_init1": 332, "fanotify_init": 338, "add_key": 286,
+                  "request_key": 287, "keyctl": 288}, 0xFFFFFFFF),  # i386
+    0xC00000B7: ({"inotify_init1": 26, "fanotify_init": 262, "add_key": 217, "request_key": 218, "keyctl": 219},
+                 0xFFFFFFFF),  # aarch64 (no inotify_init)
+}
+
+_LD_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JEQ = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_AND = 0x54  # BPF_ALU | BPF_AND | BPF_K
+_RET = 0x06  # BPF_RET | BPF_K
+_ALLOW = 0x7FFF0000
+_ERRNO = 0x00050000
+
+
+def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def program() -> bytes:
+    """The filter: for each known architecture, the denied calls' numbers; anything else is allowed."""
+    out = []
+    for arch, (numbers, mask) in _ARCHES.items():
+        body = [_op(_LD_ABS, 0), _op(_AND, mask)]
+        for name, number in numbers.items():
+            body += [_op(_JEQ, number, 0, 1), _op(_RET, _ERRNO | DENIED[name])]
+        body.append(_op(_RET, _ALLOW))
+        out += [_op(_LD_ABS, 4), _op(_JEQ, arch, 0, len(body)), *body]
+    out.append(_op(_RET, _ALLOW))
+    return b"".join(out)
+
+
+@functools.cache
+def filter_path() -> str:
+    """A file holding ``program()``, in a folder of this process's own (removed at exit)."""
+    folder = tempfile.mkdtemp(prefix="mlgr-seccomp-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, f"{platform.machine() or 'any'}.bpf")
+    with open(path, "wb") as file:
+        file.write(program())
+    return path
