@@ -5,8 +5,7 @@ tracing what the honest evaluations of the built-in tasks open."""
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,7 @@ from mlgym_registry import registry
 from mlgym_registry.specs import TaskSpec
 from mlgym_registry.submissions import declared_submission
 
-from .helpers import mini_prisoners_spec, open_backend, status, validate, write_file
+from .helpers import foreign_inputs, mini_prisoners_spec, open_backend, status, validate, write_file
 
 pytestmark = pytest.mark.security
 
@@ -134,32 +133,6 @@ def test_a_declared_submission_outside_the_workspace_is_refused(tmp_path, entry)
         weak_task(tmp_path / "task", submission_files=[entry])
 
 
-def _traced_validate(env, prepare: str = "") -> list[str]:
-    env.trace_evaluations = True
-    if prepare:
-        output, code = status(env, prepare, timeout=300)
-        assert code == 0, output
-    obs, score = validate(env)
-    assert score is not None, obs
-    return env.last_evaluation_inputs
-
-
-def _relative_inputs(env, opened: list[str]) -> set[str]:
-    """The workspace-relative paths among ``opened`` (each also tells every folder above it)."""
-    workspace = str(env.task_workspace).rstrip("/") + "/"
-    return {path[len(workspace):] for path in opened if path.startswith(workspace)}
-
-
-def _allowed(env, relative: str) -> bool:
-    """Whether a path the evaluator opened is the task's own (a starter, evaluation, protected, secret or data file)
-    or the declared submission, or a folder above one of them."""
-    spec = env.spec
-    own = [*env._files.task_files, *env._files.pristine, *declared_submission(spec)]
-    parts = PurePosixPath(relative).parts
-    return any(relative == key or relative.startswith(key + "/") or PurePosixPath(key).parts[:len(parts)] == parts
-               for key in own)
-
-
 BUILT_IN_BASELINES = {
     # each task's honest first move: its starter strategy or answer as given, houseRegression's baseline program
     "miniPrisonersDilemma": "",
@@ -178,11 +151,9 @@ def test_every_path_an_honest_evaluation_opens_is_the_tasks_or_the_submission(ta
     try:
         # the agent leaves files of its own beside the submission: the evaluator must not even list them
         status(env, "mkdir -p notes && echo mine > notes/a.txt && echo mine > scratch.py")
-        opened = _traced_validate(env, BUILT_IN_BASELINES[task])
-        inside = _relative_inputs(env, opened)
-        assert inside, f"the trace saw nothing of the workspace: {opened}"
-        assert not [p for p in inside if p and not _allowed(env, p)], (task, sorted(inside))
-        assert not [p for p in opened if p.startswith("/home/agent/") and not p.startswith(
-            str(env.task_workspace))], opened
+        if BUILT_IN_BASELINES[task]:
+            output, code = status(env, BUILT_IN_BASELINES[task], timeout=300)
+            assert code == 0, output
+        assert foreign_inputs(env) == []
     finally:
         env.close()

@@ -22,7 +22,7 @@ from mlgym_registry.components.rewards import ScoreDeltaReward, failure_reward
 from mlgym_registry.submissions import SubmissionRejected, SubmissionSchema, submission_schema
 from mlgym_registry.tasks.mlgym_overlay import overlay_submission
 
-from .helpers import SEED, open_backend, run, status, write_file
+from .helpers import SEED, foreign_inputs, open_backend, run, status, write_file
 
 pytestmark = pytest.mark.security
 
@@ -200,6 +200,14 @@ def test_an_honest_submission_scores_exactly_what_it_scored_unchecked(env, spec)
         assert info["score"][-1] == checked  # exactly, not approximately
     finally:
         unchecked_env.close()
+
+
+def test_titanics_evaluation_reads_only_the_tasks_files_and_the_submission(env):
+    """An MLGym task through our overlay: its evaluator opens the answers, the submission and nothing else of the
+    agent's, however many files the agent leaves beside them."""
+    output, code = status(env, GENDER_RULE + " && mkdir -p data2 && cp data/test.csv data2/ && echo x > notes.txt")
+    assert code == 0, output
+    assert foreign_inputs(env) == []
 
 
 def honest_rows() -> list[tuple[int, int]]:

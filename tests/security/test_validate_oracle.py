@@ -81,7 +81,7 @@ def test_the_split_follows_the_evaluation_seed_and_the_ids_not_their_spelling(sp
     assert sides == [again.keeps(i, VALIDATE) for i in ids]
     assert sides != [other.keeps(i, VALIDATE) for i in ids]
     assert all(first.keeps(f"00{i}", VALIDATE) == first.keeps(f" {i}", VALIDATE) == side
-               for i, side in zip(ids, sides))
+               for i, side in zip(ids, sides, strict=True))
     rows = b"Price,Id\n1.5,007\n2.5,7\n3.5,8\n"
     kept = first.filtered(rows, VALIDATE).decode().splitlines()
     assert kept[0] == "Price,Id" and len(kept) - 1 == 2 * first.keeps("7", VALIDATE) + first.keeps("8", VALIDATE)
