@@ -192,3 +192,17 @@ def test_keys_and_message_queues_are_refused_inside(make):
     limits = Path(f"/proc/{sleeper.pid}/limits").read_text()  # read from the host
     assert re.search(r"Max msgqueue size\s+0\s+0", limits), limits
     assert re.search(rf"Max pending signals\s+{limits_mod.SANDBOX_PENDING_SIGNALS}\s", limits), limits
+
+
+def test_no_process_of_the_agent_can_lower_its_own_scheduling(make):
+    """A process that lowered its priority would wait behind every other env's work, and the evaluation clock counts
+    an evaluation's waiting as the machine's: the agent's code could buy an ``infra_error`` on a busy machine."""
+    env = make()
+    status(env, "(nice -n 19 sleep 7801 &) 2>/dev/null; sleep 7802 & renice -n 19 -p $! >/dev/null 2>&1; "
+                "(chrt -i 0 sleep 7803 &) 2>/dev/null; python -c 'import os; os.nice(19)' 2>/dev/null; echo done")
+    sleepers = wait_for(lambda: len(found := sandboxed_processes("sleep 780")) >= 2 and found)
+    assert sleepers, "no sleeper of the agent's was found"
+    for proc in sleepers:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
+        nice, policy = int(fields[16]), int(fields[38])  # stat fields 19 and 41
+        assert (nice, policy) == (0, 0), (proc.cmdline(), nice, policy)

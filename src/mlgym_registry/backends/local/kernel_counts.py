@@ -7,8 +7,16 @@ and the key quota (``kernel.keys.maxkeys``). An agent holding them all makes the
 privileges the driver does not have, so the sandbox refuses the calls that make these objects: ``inotify_init``,
 ``inotify_init1`` and ``fanotify_init`` fail with ``EMFILE`` (what a program meets when the count is used up, so
 tools such as ``tail -f`` fall back to polling), ``add_key``, ``request_key`` and ``keyctl`` with ``EPERM`` (as under
-Docker's default profile). User namespaces are refused by bwrap itself (``--disable-userns``), POSIX message queues
-by ``RLIMIT_MSGQUEUE`` 0, and queued signals are bounded by ``RLIMIT_SIGPENDING`` (``limits.exec_prefix``).
+Docker's default profile).
+
+The same filter keeps every process at the scheduling it started with: ``nice``, ``setpriority`` and the
+``sched_set*`` calls fail with ``EPERM`` (``nice cmd`` still runs ``cmd``). A process that lowered its own priority
+(``nice 19``, ``SCHED_IDLE``) would wait for the CPU behind every other env's work, and an evaluation's clock
+(``eval_clock``) counts such waiting as the machine's: the agent's code could buy itself an ``infra_error`` on a busy
+machine. An env's CPU share is its cgroup's in any case.
+
+User namespaces are refused by bwrap itself (``--disable-userns``), POSIX message queues by ``RLIMIT_MSGQUEUE`` 0,
+and queued signals are bounded by ``RLIMIT_SIGPENDING`` (``limits.exec_prefix``).
 
 The filter is a classic BPF program for each architecture bwrap runs on here (x86-64 with its x32 numbers, i386,
 aarch64); bwrap loads it from a descriptor (``--seccomp``) after its own setup.
@@ -29,7 +37,8 @@ SECCOMP_FD = 9
 """The descriptor the sandbox's start-up shell opens the filter on for bwrap (``--seccomp 9``)."""
 
 _EMFILE = ("inotify_init", "inotify_init1", "fanotify_init")
-_EPERM = ("add_key", "request_key", "keyctl")
+_EPERM = ("add_key", "request_key", "keyctl", "nice", "setpriority", "sched_setparam", "sched_setscheduler",
+          "sched_setattr")
 DENIED = {**{name: errno.EMFILE for name in _EMFILE}, **{name: errno.EPERM for name in _EPERM}}
 """The system calls the sandbox refuses, and the error each fails with."""
 
@@ -37,11 +46,14 @@ DENIED = {**{name: errno.EMFILE for name in _EMFILE}, **{name: errno.EPERM for n
 _X32_BIT = 0x40000000
 _ARCHES: dict[int, tuple[dict[str, int], int]] = {
     0xC000003E: ({"inotify_init": 253, "inotify_init1": 294, "fanotify_init": 300, "add_key": 248,
-                  "request_key": 249, "keyctl": 250}, 0xFFFFFFFF & ~_X32_BIT),  # x86-64 and x32
+                  "request_key": 249, "keyctl": 250, "setpriority": 141, "sched_setparam": 142,
+                  "sched_setscheduler": 144, "sched_setattr": 314}, 0xFFFFFFFF & ~_X32_BIT),  # x86-64 and x32
     0x40000003: ({"inotify_init": 291, "inotify_init1": 332, "fanotify_init": 338, "add_key": 286,
-                  "request_key": 287, "keyctl": 288}, 0xFFFFFFFF),  # i386
-    0xC00000B7: ({"inotify_init1": 26, "fanotify_init": 262, "add_key": 217, "request_key": 218, "keyctl": 219},
-                 0xFFFFFFFF),  # aarch64 (no inotify_init)
+                  "request_key": 287, "keyctl": 288, "nice": 34, "setpriority": 97, "sched_setparam": 154,
+                  "sched_setscheduler": 156, "sched_setattr": 351}, 0xFFFFFFFF),  # i386
+    0xC00000B7: ({"inotify_init1": 26, "fanotify_init": 262, "add_key": 217, "request_key": 218, "keyctl": 219,
+                  "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setattr": 274},
+                 0xFFFFFFFF),  # aarch64 (no inotify_init, no nice)
 }
 
 _LD_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
