@@ -32,6 +32,7 @@ import platform
 import shutil
 import struct
 import tempfile
+import threading
 
 SECCOMP_FD = 9
 """The descriptor the sandbox's start-up shell opens the filter on for bwrap (``--seccomp 9``)."""
@@ -81,12 +82,28 @@ def program() -> bytes:
     return b"".join(out)
 
 
-@functools.cache
 def filter_path() -> str:
-    """A file holding ``program()``, in a folder of this process's own (removed at exit)."""
-    folder = tempfile.mkdtemp(prefix="mlgr-seccomp-")
-    atexit.register(shutil.rmtree, folder, True)
-    path = os.path.join(folder, f"{platform.machine() or 'any'}.bpf")
-    with open(path, "wb") as file:
-        file.write(program())
+    """A file holding ``program()``, in a folder of this process's own (removed at exit; written again if something
+    removed it meanwhile, as a cleaner of old files in ``/tmp`` may)."""
+    path = os.path.join(_folder(), f"{platform.machine() or 'any'}.bpf")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        partial = f"{path}.{os.getpid()}.{threading.get_ident()}"
+        with open(partial, "wb") as file:
+            file.write(program())
+        os.replace(partial, path)  # whole or not at all, for a sandbox starting meanwhile on another thread
     return path
+
+
+@functools.cache
+def _folder() -> str:
+    folder = tempfile.mkdtemp(prefix="mlgr-seccomp-")
+    atexit.register(_remove, folder, os.getpid())
+    return folder
+
+
+def _remove(folder: str, owner: int) -> None:
+    """Remove ``folder`` at exit, in the process that made it only (a forked child inherits the exit handler and the
+    cached path, and its parent may still start sandboxes with it)."""
+    if os.getpid() == owner:
+        shutil.rmtree(folder, ignore_errors=True)
