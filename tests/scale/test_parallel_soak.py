@@ -19,6 +19,7 @@ from conftest import run_cli
 from mlgym_registry import registry
 from mlgym_registry.scale.frame_receiver import FrameReceiver, is_infra_failure
 from mlgym_registry.scale.frames import TURN, EnvJob, play_env
+from mlgym_registry.scale.runs import episode_run
 
 TASK = "prisonersDilemma"
 SOAK_ENVS = 32
@@ -140,7 +141,7 @@ def test_a_frame_that_never_arrives_makes_its_episode_an_infra_error(tmp_path):
     kinds = [frame.kind for frame in frames]
     assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count(TURN) == frames[-1].data["turns"] >= 3
 
-    whole = FrameReceiver(spec, 1, 1, out=tmp_path / "whole")
+    whole = FrameReceiver(episode_run(spec, "scripted", 1, out=tmp_path / "whole"))
     for frame in frames:
         whole.receive(frame)
     [result] = whole.results()
@@ -149,7 +150,7 @@ def test_a_frame_that_never_arrives_makes_its_episode_an_infra_error(tmp_path):
     assert len(json.loads((tmp_path / "whole" / "env0" / f"{TASK}.traj").read_text())["trajectory"]) == \
         len(result.turns)
 
-    gappy = FrameReceiver(spec, 2, 1, out=tmp_path / "gappy")
+    gappy = FrameReceiver(episode_run(spec, "scripted", 2, out=tmp_path / "gappy"))
     for frame in frames[:2] + frames[3:]:  # the second turn's frame is lost on the way
         gappy.receive(frame)
     gappy.close("the run ended")  # env 1 never sent anything

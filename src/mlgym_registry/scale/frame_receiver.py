@@ -12,17 +12,14 @@ belong to another.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..backends.protocol import INFRA_ERROR
 from ..episodes.episode import EpisodeResult
-from ..episodes.folders import FolderName, episode_folder
 from ..records.recorder import replay
 from ..records.trajectories import TrajectoryWriter
-from ..specs import TaskSpec
 from .frames import END, START, TURN, WARNING, Frame
+from .runs import EpisodeRun
 
 INFRA_PREFIX = f"{INFRA_ERROR}: "
 """How the ``failure`` of an episode the infrastructure lost begins (not the agent's outcome: never scored)."""
@@ -45,12 +42,11 @@ class _Episode:
 
 
 class FrameReceiver:
-    """Records the episodes of ``num_envs`` envs, ``per_env`` each, from their frames, under ``out``."""
+    """Records the episodes of ``run`` from their frames, under its ``out``."""
 
-    def __init__(self, spec: TaskSpec, num_envs: int, per_env: int, *, out: Path | None = None,
-                 folders: FolderName | None = None, on_step: Callable[[int, int], None] | None = None):
-        self.spec, self.num_envs, self.per_env, self.out, self.folders = spec, num_envs, per_env, out, folders
-        self.on_step = on_step
+    def __init__(self, run: EpisodeRun):
+        self.run, self.spec, self.num_envs, self.per_env = run, run.spec, run.num_envs, run.episodes_per_env
+        self.on_step = run.on_step
         self.playing: dict[int, tuple[int, _Episode]] = {}
         self.over: dict[tuple[int, int], EpisodeResult] = {}
         self.steps = 0
@@ -157,12 +153,7 @@ class FrameReceiver:
         return episode
 
     def _new(self, env: int, number: int) -> _Episode:
-        writer = None
-        if self.out is not None:
-            folder = episode_folder(env, number, self.per_env, self.folders)
-            writer = TrajectoryWriter(Path(self.out) / folder, self.spec.id.replace("/", "_"),
-                                      baseline=self.spec.baseline, environment=f"mlgym_registry:{self.spec.backend}")
-        return _Episode(EpisodeResult(self.spec), writer)
+        return _Episode(EpisodeResult(self.spec), self.run.writer(env, number))
 
     def _end(self, frame: Frame, episode: _Episode) -> None:
         data, result = frame.data, episode.result

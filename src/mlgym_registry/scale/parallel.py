@@ -23,11 +23,11 @@ from typing import Any
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
+from ..episodes.episode import EpisodeResult
 from ..policies.base import PolicyError
 from ..policies.give_up import GAVE_UP_RESPONSE
 from ..specs import TaskSpec
 from .env_factory import INFO_KEY, WORKER_KEY, EnvFactory  # noqa: F401 - part of this module's interface
-from .process_episodes import run_process_episodes
 
 STATS_KEY = "policy_stats"
 """Where ``TextPolicy`` puts its policy's usage so far (``Policy.stats()``, as JSON text; '' when it keeps none)."""
@@ -150,6 +150,9 @@ def episode_collector(
     return collector, module
 
 
-run_parallel = run_process_episodes
-"""Play ``num_envs`` episodes at once, one env per worker process, every step recorded
-(``process_episodes.run_process_episodes``, under the name this module has always given it)."""
+def run_parallel(spec: TaskSpec | str, policy: str, num_envs: int, **run: Any) -> list[EpisodeResult]:
+    """``runs.run_episodes(spec, policy, num_envs, engine="process", **run)``, under the name this module has always
+    given it: every step of every episode recorded."""
+    from .runs import run_episodes
+
+    return run_episodes(spec, policy, num_envs, engine="process", **run)

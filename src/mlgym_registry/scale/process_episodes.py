@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ..episodes.episode import EpisodeResult
-from ..episodes.folders import FolderName
 from ..machine import usable_cores
-from ..specs import TaskSpec
 from .frame_receiver import FrameReceiver
 from .frames import JOB_END, EnvJob, play_envs
+from .runs import EpisodeRun
 
 WAIT = 0.5
 """Seconds the pool's queue is waited on at a time."""
@@ -32,49 +30,26 @@ DEATH_CHECK = 2.0
 
 
 
-def run_process_episodes(
-    spec: TaskSpec | str,
-    policy: Any,
-    num_envs: int,
-    *,
-    out: Path | None = None,
-    seed: int | None = None,
-    on_step: Callable[[int, int], None] | None = None,
-    options: dict[str, Any] | None = None,
-    episodes_per_env: int = 1,
-    folders: FolderName | None = None,
-    workers: int | None = None,
-) -> list[EpisodeResult]:
-    """Play ``num_envs * episodes_per_env`` episodes, ``num_envs`` at once in worker processes, and return their
-    results in env order (each env's in episode order).
-
-    Env ``i``'s episode ``k`` is seeded ``seed + k * num_envs + i`` and written to ``out/env<i>/`` (one episode per
-    env) or ``out/env<i>-<k>/`` (or what ``folders`` names), its ``.traj`` and ``results.json`` saved at every step.
-    ``on_step(episodes_over, steps_so_far)`` is called as steps arrive. An episode our machinery lost has a
-    ``failure`` starting with ``infra_error:`` (``frame_receiver.is_infra_failure``).
+def run_process_episodes(run: EpisodeRun, *, workers: int | None = None) -> list[EpisodeResult]:
+    """Play ``run`` (``runs.run_episodes``, which checks it) in worker processes; an episode our machinery lost has
+    a ``failure`` starting with ``infra_error:`` (``frame_receiver.is_infra_failure``).
 
     ``workers``: how many worker processes play the envs (default: one per core this process may use, at most one
     per env); env ``i`` plays in worker ``i % workers``, each of a worker's envs in a thread of its own.
     """
-    from ..options import InvalidOptionError, check_option
-    from ..registry import registry
+    from ..options import InvalidOptionError
 
-    spec = registry.spec(spec)
-    registry.resolve(spec)  # an unknown component or option fails here, before any worker starts
-    check_option("seed", seed)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise InvalidOptionError(f"workers={workers!r}: give a number of worker processes, 1 or more")
-    options = {"batch_size": (), **(options or {})}
-    known = tuple(str(error) for error in registry.load_errors())
-    receiver = FrameReceiver(spec, num_envs, episodes_per_env, out=out, folders=folders, on_step=on_step)
+    receiver = FrameReceiver(run)
 
     def job(env: int) -> EnvJob:
         numbers = tuple(receiver.remaining(env))
-        seeds = tuple(None if seed is None else seed + number * num_envs + env for number in numbers)
-        return EnvJob(spec.to_dict(), options, policy, env, numbers, seeds, known)
+        seeds = tuple(run.seed_of(env, number) for number in numbers)
+        return EnvJob(run.spec.to_dict(), run.options, run.policy, env, numbers, seeds, run.known_problems)
 
-    count = min(num_envs, workers or usable_cores())
-    _play([list(range(slot, num_envs, count)) for slot in range(count)], receiver, job)
+    count = min(run.num_envs, workers or usable_cores())
+    _play([list(range(slot, run.num_envs, count)) for slot in range(count)], receiver, job)
     receiver.close("its worker ended before the episode did")  # nothing is left by now, unless a worker misbehaved
     return receiver.results()
 

@@ -19,16 +19,15 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..episodes.episode import EpisodePlayer, EpisodeResult, Turn
-from ..episodes.folders import FolderName, episode_folder
 from ..records.recorder import Call, CallRecorder, replay
 from ..records.trajectories import TrajectoryWriter
 from ..specs import TaskSpec
+from .runs import EpisodeRun
 
 SWEEP_WAIT = 10.0
 """Seconds a clean-up task waits for killed actors' processes to exit before removing their folders."""
@@ -148,19 +147,14 @@ class _Slot:
 class RayEpisodeRunner:
     """Plays episodes of one task on Ray; see ``run_ray_episodes``."""
 
-    def __init__(self, spec: TaskSpec, policy: str, num_envs: int, *, out: Path | None, seed: int | None,
-                 options: dict[str, Any], episodes_per_env: int, cpus_per_env: float,
-                 on_step: Callable[[int, int], None] | None, known_problems: list[str],
-                 folders: FolderName | None = None):
+    def __init__(self, run: EpisodeRun, cpus_per_env: float):
         import ray
 
-        self.ray = ray
-        self.spec, self.policy, self.out, self.seed = spec, policy, out, seed
-        self.options, self.per_env, self.on_step = options, episodes_per_env, on_step
-        self.known_problems, self.folders = known_problems, folders
+        self.ray, self.plan, self.spec = ray, run, run.spec
+        self.per_env, self.on_step = run.episodes_per_env, run.on_step
         self.worker_class = ray.remote(EpisodeWorker).options(num_cpus=cpus_per_env, scheduling_strategy="SPREAD",
                                                               max_restarts=0)
-        self.slots = [_Slot(index) for index in range(num_envs)]
+        self.slots = [_Slot(index) for index in range(run.num_envs)]
         self.pending: dict[Any, _Slot] = {}
         self.steps = 0
         self.warned: set[str] = set()
@@ -191,12 +185,13 @@ class RayEpisodeRunner:
     def _begin(self, slot: _Slot) -> None:
         """Start the slot's next episode (and its actor, when it has none)."""
         if slot.actor is None:
-            slot.actor = self.worker_class.remote(self.spec.to_dict(), self.options, self.policy, self.known_problems)
+            slot.actor = self.worker_class.remote(self.spec.to_dict(), self.plan.options, self.plan.policy,
+                                                 self.plan.known_problems)
             slot.where = {}
             self._ask(slot, slot.actor.where.remote())
         slot.result = EpisodeResult(self.spec)
-        slot.writer = self._writer(slot)
-        self._ask(slot, slot.actor.start.remote(self._seed(slot)))
+        slot.writer = self.plan.writer(slot.index, slot.number)
+        self._ask(slot, slot.actor.start.remote(self.plan.seed_of(slot.index, slot.number)))
 
     def _ask(self, slot: _Slot, ref: Any) -> None:
         self.pending[ref] = slot
@@ -316,17 +311,6 @@ class RayEpisodeRunner:
         self.killed.clear()
 
     # -- helpers ---------------------------------------------------------------------------------------------------
-    def _writer(self, slot: _Slot) -> TrajectoryWriter | None:
-        if self.out is None:
-            return None
-        folder = episode_folder(slot.index, slot.number, self.per_env, self.folders)
-        return TrajectoryWriter(Path(self.out) / folder, self.spec.id.replace("/", "_"), baseline=self.spec.baseline,
-                                environment=f"mlgym_registry:{self.spec.backend}")
-
-    def _seed(self, slot: _Slot) -> int | None:
-        """Every episode its own seed: ``seed + number * num_envs + slot``."""
-        return None if self.seed is None else self.seed + slot.number * len(self.slots) + slot.index
-
     def _warn(self, problem: str) -> None:
         if problem not in self.warned:
             self.warned.add(problem)
@@ -357,49 +341,34 @@ def _death_reason(exc: Exception) -> str:
     return reason + (f" ({', '.join(details)})" if details else "")
 
 
-def run_ray_episodes(
-    spec: TaskSpec | str,
-    policy: str,
-    num_envs: int,
-    *,
-    address: str | None = None,
-    out: Path | None = None,
-    seed: int | None = None,
-    on_step: Callable[[int, int], None] | None = None,
-    options: dict[str, Any] | None = None,
-    episodes_per_env: int = 1,
-    cpus_per_env: float | None = None,
-    folders: FolderName | None = None,
-) -> list[EpisodeResult]:
-    """Play ``num_envs`` episodes at once as Ray actors and return their results in slot order.
-
-    ``address`` is an existing cluster (``host:port``, ``ray://host:port`` or ``auto``); without one a local runtime
-    is started for the run and stopped at the end (an already initialised Ray is used as it is). ``cpus_per_env`` is
-    each actor's CPU request: by default what lets every env run at once on the cluster's nodes (at most 1); more than
-    the largest node has is refused (``RayResourceError``). The rest is as in ``parallel.run_parallel``; a failed
-    episode has ``failure`` set.
-    """
-    from ..options import InvalidOptionError, check_option
-    from ..registry import registry
-    from .ray_collectors import RayResourceError, cpus_per_collector
-    from .ray_runtime import import_ray, ray_session
+def check_ray_options(cpus_per_env: float | None) -> None:
+    """Ray can be imported, and ``cpus_per_env`` (when given) is a share above 0: said before anything starts."""
+    from ..options import InvalidOptionError
+    from .ray_runtime import import_ray
 
     import_ray()
     if cpus_per_env is not None and not cpus_per_env > 0:
         raise InvalidOptionError(f"cpus_per_env={cpus_per_env!r}: each actor needs a CPU share above 0 (e.g. 0.5)")
-    spec = registry.spec(spec)
-    registry.resolve(spec)  # an unknown task, component or option fails here, before any actor starts
-    check_option("seed", seed)
-    options = {"batch_size": (), **(options or {})}
-    known = [str(error) for error in registry.load_errors()]
+
+
+def run_ray_episodes(run: EpisodeRun, *, address: str | None = None,
+                     cpus_per_env: float | None = None) -> list[EpisodeResult]:
+    """Play ``run`` (``runs.run_episodes``, which checks it and ``check_ray_options``) as Ray actors and return the
+    results in slot order.
+
+    ``address`` is an existing cluster (``host:port``, ``ray://host:port`` or ``auto``); without one a local runtime
+    is started for the run and stopped at the end (an already initialised Ray is used as it is). ``cpus_per_env`` is
+    each actor's CPU request: by default what lets every env run at once on the cluster's nodes (at most 1); more than
+    the largest node has is refused (``RayResourceError``).
+    """
+    from .ray_collectors import RayResourceError, cpus_per_collector
+    from .ray_runtime import ray_session
+
     with ray_session(address) as session:
         largest = session.largest_node_cpus()
         if cpus_per_env is None:
-            cpus_per_env = cpus_per_collector(num_envs)  # 1 CPU each, or the share that lets every env run at once
+            cpus_per_env = cpus_per_collector(run.num_envs)  # 1 CPU each, or the share that lets every env run at once
         elif cpus_per_env > largest:
             raise RayResourceError(f"cpus_per_env={cpus_per_env:g} is more than the largest node of the cluster has "
                                    f"({largest:g} CPUs): no actor could ever start; ask for at most {largest:g}")
-        runner = RayEpisodeRunner(spec, policy, num_envs, out=out, seed=seed, options=options,
-                                  episodes_per_env=episodes_per_env, cpus_per_env=cpus_per_env, on_step=on_step,
-                                  known_problems=known, folders=folders)
-        return runner.run()
+        return RayEpisodeRunner(run, cpus_per_env).run()

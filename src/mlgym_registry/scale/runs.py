@@ -1,19 +1,68 @@
 """Playing several episodes at once, whatever the engine: worker processes on this machine (``process_episodes``) or
-Ray actors on a cluster (``ray_episodes``). The two implementations know nothing of each other; this module picks one.
+Ray actors on a cluster (``ray_episodes``). The two implementations know nothing of each other; this module checks
+what to play once (``EpisodeRun``) and picks one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..episodes.episode import EpisodeResult
-from ..episodes.folders import FolderName
+from ..episodes.folders import FolderName, episode_folder
+from ..records.trajectories import TrajectoryWriter
 from ..specs import TaskSpec
 
 ENGINES = ("process", "ray")
 """Where ``run_episodes`` plays: worker processes on this machine, or Ray actors on a cluster."""
+
+
+@dataclass(frozen=True)
+class EpisodeRun:
+    """What an engine plays: ``num_envs`` envs of ``spec`` at once, ``episodes_per_env`` episodes each, answered by
+    ``policy`` (a policy string), each env built with ``options``; ``known_problems`` are the plugin problems this
+    process has already shown (a worker reports only new ones). Built, checked, by ``episode_run``."""
+
+    spec: TaskSpec
+    policy: str
+    num_envs: int
+    out: Path | None
+    seed: int | None
+    on_step: Callable[[int, int], None] | None
+    options: dict[str, Any]
+    episodes_per_env: int
+    folders: FolderName | None
+    known_problems: tuple[str, ...]
+
+    def seed_of(self, env: int, number: int) -> int | None:
+        """The seed of env ``env``'s episode ``number``: ``seed + number * num_envs + env`` (None without a seed)."""
+        return None if self.seed is None else self.seed + number * self.num_envs + env
+
+    def writer(self, env: int, number: int) -> TrajectoryWriter | None:
+        """The writer of env ``env``'s episode ``number``, in its folder under ``out`` (None without ``out``)."""
+        if self.out is None:
+            return None
+        folder = episode_folder(env, number, self.episodes_per_env, self.folders)
+        return TrajectoryWriter(Path(self.out) / folder, self.spec.id.replace("/", "_"), baseline=self.spec.baseline,
+                                environment=f"mlgym_registry:{self.spec.backend}")
+
+
+def episode_run(spec: TaskSpec | str, policy: str, num_envs: int, *, out: Path | None = None, seed: int | None = None,
+                on_step: Callable[[int, int], None] | None = None, options: dict[str, Any] | None = None,
+                episodes_per_env: int = 1, folders: FolderName | None = None) -> EpisodeRun:
+    """The run ``run_episodes`` describes, checked before anything starts: an unknown task, component or option and
+    a bad seed fail here. Each env's tensordicts are the chain's own unbatched ones unless ``options`` says
+    otherwise (``batch_size``)."""
+    from ..options import check_option
+    from ..registry import registry
+
+    spec = registry.spec(spec)
+    registry.resolve(spec)
+    check_option("seed", seed)
+    return EpisodeRun(spec, policy, num_envs, out, seed, on_step, {"batch_size": (), **(options or {})},
+                      episodes_per_env, folders, tuple(str(error) for error in registry.load_errors()))
 
 
 def run_episodes(
@@ -32,28 +81,35 @@ def run_episodes(
     folders: FolderName | None = None,
     workers: int | None = None,
 ) -> list[EpisodeResult]:
-    """Play ``num_envs`` episodes at once and return their results in env order.
+    """Play ``num_envs * episodes_per_env`` episodes, ``num_envs`` at once, and return their results in env order
+    (each env's in episode order).
 
-    ``engine="process"`` plays them in worker processes on this machine (``process_episodes``); ``engine="ray"`` as
-    Ray actors, on the cluster at ``address`` or on a local runtime started for the run (``ray_episodes``), with
-    ``cpus_per_env`` CPUs asked per actor. Both write the same files under ``out``. ``workers``: how many worker
-    processes play the envs (``engine="process"``; default one per core, at most one per env).
+    Env ``i``'s episode ``k`` is seeded ``seed + k * num_envs + i`` and written to ``out/env<i>/`` (one episode per
+    env) or ``out/env<i>-<k>/`` (or what ``folders(i, k)`` names), its ``.traj`` and ``results.json`` saved at every
+    step. ``on_step(episodes_over, steps_so_far)`` is called as steps arrive. A failed episode has ``failure`` set;
+    one the engine lost starts with ``infra_error:``.
+
+    ``engine="process"`` plays them in worker processes on this machine (``process_episodes``; ``workers``: how many,
+    default one per core, at most one per env); ``engine="ray"`` as Ray actors, on the cluster at ``address`` or on a
+    local runtime started for the run (``ray_episodes``), with ``cpus_per_env`` CPUs asked per actor. Both write the
+    same files.
     """
     from ..options import InvalidOptionError
 
-    if engine == "ray":
-        from .ray_episodes import run_ray_episodes
-
-        if workers is not None:
-            raise InvalidOptionError("workers= is for engine='process' (Ray places one actor per env); leave it out")
-        return run_ray_episodes(spec, policy, num_envs, address=address, out=out, seed=seed, on_step=on_step,
-                                options=options, episodes_per_env=episodes_per_env, cpus_per_env=cpus_per_env,
-                                folders=folders)
-    if engine != "process":
+    if engine not in ENGINES:
         raise InvalidOptionError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
-    if address is not None or cpus_per_env is not None:
+    if engine == "ray" and workers is not None:
+        raise InvalidOptionError("workers= is for engine='process' (Ray places one actor per env); leave it out")
+    if engine == "process" and (address is not None or cpus_per_env is not None):
         raise InvalidOptionError("address= and cpus_per_env= are for engine='ray'; pass engine='ray' to use them")
+    if engine == "ray":
+        from .ray_episodes import check_ray_options, run_ray_episodes
+
+        check_ray_options(cpus_per_env)
+    run = episode_run(spec, policy, num_envs, out=out, seed=seed, on_step=on_step, options=options,
+                      episodes_per_env=episodes_per_env, folders=folders)
+    if engine == "ray":
+        return run_ray_episodes(run, address=address, cpus_per_env=cpus_per_env)
     from .process_episodes import run_process_episodes
 
-    return run_process_episodes(spec, policy, num_envs, out=out, seed=seed, on_step=on_step, options=options,
-                                episodes_per_env=episodes_per_env, folders=folders, workers=workers)
+    return run_process_episodes(run, workers=workers)
