@@ -78,6 +78,14 @@ PAYS_AN_EMPTY_SUBMISSION = READ + textwrap.dedent("""\
     print(json.dumps({"accuracy": sum(int(row["label"]) == answers[row["id"]] for row in rows) / len(rows)}))
     """)
 
+EVALS_LABELS = HONEST_EVALUATOR.replace(
+    'int(row["label"]) == answers',
+    'int(eval(row["label"])) == answers')  # the hole: a cell is run as code ("__import__('os')..." is a label too)
+
+SHELLS_OUT = HONEST_EVALUATOR.replace(
+    "    rows = list(csv.DictReader(handle))\n",
+    "    rows = list(csv.DictReader(handle))\nimport os\nos.system('wc -l ' + path + ' > /dev/null')\n")
+
 NONDETERMINISTIC = HONEST_EVALUATOR.replace(
     'print(json.dumps({"accuracy": ',
     'import random\nprint(json.dumps({"accuracy": random.SystemRandom().random() / 100 + ')

@@ -224,30 +224,14 @@ def honest_score(env: LocalBackend) -> dict:
 
 def foreign_inputs(env: LocalBackend) -> list[str]:
     """Run a traced ``validate`` (it must score) and return what its evaluator opened or listed that is neither the
-    task's own (a starter, evaluation, protected, data or secret file, or a folder above one) nor the declared
-    submission: any workspace path of the agent's besides, and anything under the agent's home outside the
-    workspace. [] for an evaluation that reads only what it should."""
-    from pathlib import PurePosixPath
-
-    from mlgym_registry.submissions import declared_submission
-
+    task's own nor the declared submission (``LocalBackend.foreign_inputs``): [] for an evaluation that reads only
+    what it should."""
     env.trace_evaluations = True
     try:
         obs, score = validate(env)
     finally:
         env.trace_evaluations = False
     assert score is not None, obs
-    opened = env.last_evaluation_inputs
-    workspace = str(env.task_workspace).rstrip("/") + "/"
-    inside = {path[len(workspace):] for path in opened if path.startswith(workspace)}
-    assert inside, f"the trace saw nothing of the workspace: {opened}"
-    own = [*env._files.task_files, *env._files.pristine, *declared_submission(env.spec)]
-
-    def allowed(relative: str) -> bool:
-        parts = PurePosixPath(relative).parts
-        return any(relative == key or relative.startswith(key + "/") or PurePosixPath(key).parts[:len(parts)] == parts
-                   for key in own)
-
-    foreign = sorted(p for p in inside if p and not allowed(p))
-    home = [p for p in opened if p.startswith("/home/agent/") and not (p + "/").startswith(workspace)]
-    return foreign + home
+    opened = env.last_evaluation_trace.get("opened", [])
+    assert any(path.startswith(str(env.task_workspace)) for path in opened), f"the trace saw no workspace: {opened}"
+    return env.foreign_inputs(opened)

@@ -40,7 +40,13 @@ NOT_REPRODUCED = "BASELINE NOT REPRODUCED"
 NONDETERMINISTIC = "NONDETERMINISTIC"
 LEAK = "LEAK"
 ERROR = "ERROR"
-FAILING = (BEATS_HONESTY, ABOVE_FLOOR, FARMABLE, NOT_REPRODUCED, NONDETERMINISTIC, LEAK, ERROR)
+TRUSTS_AGENT_INPUT = "TRUSTS AGENT INPUT"
+"""The honest evaluation read a file the agent can write that is not its declared submission."""
+RUNS_SUBMISSION = "RUNS SUBMISSION"
+"""The honest evaluation compiled text of the submission as code (``eval``, ``exec``) or started a command naming
+it: a submission is data, and an evaluator that runs it lets the agent write its own score."""
+FAILING = (BEATS_HONESTY, ABOVE_FLOOR, FARMABLE, NOT_REPRODUCED, NONDETERMINISTIC, LEAK, ERROR, TRUSTS_AGENT_INPUT,
+           RUNS_SUBMISSION)
 
 
 @dataclass
@@ -153,7 +159,8 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
             if canary.limits not in envs:
                 envs[canary.limits] = _make_env(registry, spec, canary.limits, played, steps, make_options,
                                                 report.notes)
-            played[canary.name] = play(envs[canary.limits], spec, canary, seed=seed, parser=parser)
+            played[canary.name] = play(envs[canary.limits], spec, canary, seed=seed, parser=parser,
+                                       trace=canary.name == "reference")
             result = judge(report, played[canary.name], played, assigners, spec, farmable)
             report.results.append(result)
             if on_result is not None:
@@ -252,7 +259,10 @@ def judge(report: IntegrityReport, run: Played, played: dict[str, Played], assig
         report.notes.append(f"{canary.name}: the env paid {own:g} under {spec.reward}, the audit's reading "
                             f"{totals[spec.reward]:g}")
     if canary.family == "reference":
-        return _judge_reference(report, result, run, played, assigners, played_spec)
+        _judge_reference(report, result, run, played, assigners, played_spec)
+        if result.verdict == OK:
+            _judge_trust(result, run)
+        return result
     if not report.honest:
         result.verdict, result.detail = ERROR, "no honest reference to compare with (the reference failed)"
         return result
@@ -300,6 +310,29 @@ def _judge_reference(report: IntegrityReport, result: CanaryResult, run: Played,
         result.verdict = NONDETERMINISTIC
         result.detail = f"the same baseline with the same seed scored {first.scores[-1]}, then {run.scores[-1]}"
     return result
+
+
+def _judge_trust(result: CanaryResult, run: Played) -> None:
+    """What the honest evaluations trusted, from their traces (``play(trace=True)``): a file of the agent's other than
+    the declared submission, or the submission run as code."""
+    foreign = sorted({path for trace in run.traces for path in trace.get("foreign", [])})
+    if foreign:
+        result.verdict = TRUSTS_AGENT_INPUT
+        result.detail = (f"the evaluator read {', '.join(foreign[:5])}, which the agent can write and the task does "
+                         "not declare as its submission; fix: ship the file with the task (starter_code, protected_"
+                         "files or data), or list it in submission_files if it is the agent's to provide")
+        return
+    pieces = set(run.submitted)
+    evaluated = sorted({text.strip() for trace in run.traces for text in trace.get("evaluated", [])
+                        if text.strip() in pieces})
+    spawned = sorted({command for trace in run.traces for command in trace.get("spawned", [])
+                      if any(len(piece) > 3 and piece in command for piece in pieces)})
+    if evaluated or spawned:
+        what = [f"compiled {text[:40]!r}, a piece of the submission, as code" for text in evaluated[:3]]
+        what += [f"started {command[:60]!r}, fed from the submission" for command in spawned[:3]]
+        result.verdict = RUNS_SUBMISSION
+        result.detail = (f"the evaluator {'; '.join(what)}; fix: parse the submission as data (int(), float(), "
+                         "csv, json), never with eval, exec or a shell")
 
 
 def _judge_farming(result: CanaryResult, run: Played, assigners: dict[str, Callable[[], Any]], spec: TaskSpec,

@@ -53,6 +53,12 @@ class Played:
     seconds: float = 0.0
     error: str = ""
     """Why the episode could not be played (the env raised); '' when it was."""
+    traces: list[dict[str, list[str]]] = field(default_factory=list)
+    """Played with ``trace``: what the evaluator trusted at each evaluation (``LocalBackend.last_evaluation_trace``),
+    with ``foreign``, the inputs it read that are neither the task's nor the declared submission."""
+    submitted: list[str] = field(default_factory=list)
+    """Played with ``trace``: the declared submission's paths, and the cells and lines of its files as the last
+    evaluation found them, to tell what the evaluator ran of them."""
 
     @property
     def scores(self) -> list[dict[str, float]]:
@@ -86,23 +92,56 @@ class Played:
                 for observation, info in zip(self.observations, self.infos, strict=True)]
 
 
-def play(env: Any, spec: TaskSpec, canary: Canary, *, seed: int, parser: Any = None) -> Played:
-    """Play ``canary`` once on ``env`` (reset with ``seed``); what the env raised is kept in ``error``."""
+def play(env: Any, spec: TaskSpec, canary: Canary, *, seed: int, parser: Any = None, trace: bool = False) -> Played:
+    """Play ``canary`` once on ``env`` (reset with ``seed``); what the env raised is kept in ``error``. With
+    ``trace``, on a backend that can say (the local one), what the evaluator trusted at each evaluation is kept."""
     from ..episodes.episode import EpisodePlayer
 
     played = Played(canary)
     policy = CanaryPolicy(canary, parser)
     started = time.monotonic()
+    backend = None
     try:
         player = EpisodePlayer(env, policy, spec=spec, seed=seed, max_turns=len(canary.commands) + 2)
         player.start()
         played.spec = player.base.task.spec
+        backend = player.base.backend if trace and hasattr(player.base.backend, "trace_evaluations") else None
+        if backend is not None:
+            backend.trace_evaluations = True
         while (turn := player.play_turn()) is not None:
             info = player.base.last_info  # None on a step the backend never saw (a reply it could not parse)
             played.observations.append(player.base.last_observation if info is not None else "")
             played.infos.append(dict(info or {}))
             played.env_rewards.append(turn.reward)
+            if backend is not None and (info or {}).get("evaluation_status"):
+                _keep_trace(played, backend)
     except Exception as exc:  # noqa: BLE001 - a canary the env cannot play is reported, and the audit goes on
         played.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if backend is not None:
+            backend.trace_evaluations = False
     played.seconds = time.monotonic() - started
     return played
+
+
+MAX_SUBMITTED_BYTES = 1 << 20
+"""The most of each declared submission file read for its cells."""
+
+
+def _keep_trace(played: Played, backend: Any) -> None:
+    """The backend's trace of the evaluation just run, and the cells and lines of the declared submission."""
+    from ..submissions import declared_submission
+
+    trace = dict(backend.last_evaluation_trace)
+    trace["foreign"] = backend.foreign_inputs(trace.get("opened", []))
+    played.traces.append(trace)
+    pieces: set[str] = set()
+    for relative in declared_submission(backend.spec):
+        pieces.add(relative)
+        path = backend.host_workspace / relative
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as handle:
+                text = handle.read(MAX_SUBMITTED_BYTES).decode("utf-8", "replace")
+            for line in text.splitlines():
+                pieces.update(piece.strip() for piece in (line, *line.split(",")) if piece.strip())
+    played.submitted = sorted(pieces)

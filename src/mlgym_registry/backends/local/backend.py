@@ -195,11 +195,12 @@ class LocalBackend:
         self._preload: list[str] = []
         """The system modules the task's last finished evaluation imported: the next one's evaluator preloads them."""
         self.trace_evaluations = False
-        """Set by trusted tooling (the tests, the integrity audit): each evaluation's evaluator reports the paths it
-        opens or lists, kept in ``last_evaluation_inputs``. Never set by anything the agent controls."""
-        self.last_evaluation_inputs: list[str] = []
-        """The paths the last evaluation's evaluator opened or listed, the workspace named as the agent sees it
-        (with ``trace_evaluations``; the interpreter's own files left out)."""
+        """Set by trusted tooling (the tests, the integrity audit): each evaluation's evaluator reports what it
+        trusted, kept in ``last_evaluation_trace``. Never set by anything the agent controls."""
+        self.last_evaluation_trace: dict[str, list[str]] = {}
+        """What the last evaluation's evaluator trusted (with ``trace_evaluations``; ``Evaluator.last_trace``): the
+        paths it opened or listed (``opened``, the workspace named as the agent sees it, the interpreter's own files
+        left out), the strings it compiled, the commands it started, the classes it unpickled."""
 
     @staticmethod
     def check_available(*, sandbox: str = "bwrap", gpus: bool = False, **_options: Any) -> None:
@@ -413,7 +414,7 @@ class LocalBackend:
         finally:
             if evaluator.last_modules:
                 self._preload = evaluator.last_modules
-            self.last_evaluation_inputs = list(evaluator.last_inputs)
+            self.last_evaluation_trace = dict(evaluator.last_trace)
             if action == "validate":  # the episode goes on: its next evaluation can start now
                 self._start_next_evaluation(evaluator)
 
@@ -442,6 +443,26 @@ class LocalBackend:
         artefact_exists = action == "validate" and os.path.exists(self._in_workspace(submission))  # False if locked
         return observations.scored(info, action, metrics, submission, baseline=baseline,
                                    artefact_exists=artefact_exists)
+
+    def foreign_inputs(self, opened: list[str]) -> list[str]:
+        """The paths of ``opened`` (a trace's, ``last_evaluation_trace["opened"]``) that are neither the task's own
+        files (a starter, evaluation, protected, data or secret file, or a folder above one) nor the declared
+        submission: workspace paths of the agent's other files, and anything under the agent's home outside the
+        workspace. [] for an evaluation that read only what it should, as the built view makes it."""
+        from ...submissions import declared_submission
+
+        workspace = str(self.task_workspace).rstrip("/") + "/"
+        own = [*self._files.task_files, *self._files.pristine, *declared_submission(self.spec)]
+
+        def allowed(relative: str) -> bool:
+            parts = Path(relative).parts
+            return any(relative == key or relative.startswith(key + "/") or Path(key).parts[:len(parts)] == parts
+                       for key in own)
+
+        inside = sorted({path[len(workspace):] for path in opened if path.startswith(workspace)})
+        home = str(Path(workspace).parent) + "/"
+        return ([p for p in inside if p and not allowed(p)]
+                + [p for p in opened if p.startswith(home) and not (p + "/").startswith(workspace)])
 
     def _in_workspace(self, shown: str) -> Path:
         """The host path of ``shown``, a path as the agent sees it (inside the sandbox it differs)."""

@@ -263,11 +263,12 @@ class Evaluator:
     metric_check: Callable[[Any], str | None] | None = None
     """Why the printed metrics cannot be a score though finite (``best_scores.past_best_message``), or None."""
     trace_inputs: bool = False
-    """Whether the evaluator's process reports every path it opens or lists (``last_inputs``): for the checks that
-    an evaluation reads only the task's files and the declared submission."""
-    last_inputs: list[str] = field(default_factory=list)
-    """With ``trace_inputs``: the absolute paths the last evaluation's evaluator opened or listed, in its view at
-    ``shown_workspace``, in order."""
+    """Whether the evaluator's process reports what it trusted (``last_trace``): for the checks that an evaluation
+    reads only the task's files and the declared submission, and runs nothing of the submission's."""
+    last_trace: dict[str, list[str]] = field(default_factory=dict)
+    """With ``trace_inputs``: what the last evaluation's evaluator trusted (``harness.InputTrace``): ``opened``,
+    the absolute paths it opened or listed, its view named ``shown_workspace``; ``evaluated``, source text it compiled
+    that was no file's; ``spawned``, the commands it started; ``unpickled``, the classes it unpickled."""
     agent_modules: frozenset[str] = frozenset()
     """Top-level module names the task gives the agent (its starter code): a failed import of one of them is the
     agent's doing (it removed the module), of any other name a missing package."""
@@ -376,7 +377,7 @@ class Evaluator:
         finally:
             started.end()
         self.last_modules = [m for m in (ended or {}).get("modules", []) if isinstance(m, str) and m.isidentifier()]
-        self.last_inputs = self._shown_inputs(started, (ended or {}).get("opened", []))
+        self.last_trace = self._shown_trace(started, (ended or {}).get("trace"))
         return self._parse(output, errors, ended), submission
 
     def _copy_workspace(self, agent_view: Path) -> None:
@@ -408,13 +409,14 @@ class Evaluator:
             path.unlink()
             path.write_bytes(data)
 
-    def _shown_inputs(self, started: Started, opened: Any) -> list[str]:
-        """The harness's ``opened`` paths with the evaluation view's folder named as the workspace."""
-        if not isinstance(opened, list):
-            return []
+    def _shown_trace(self, started: Started, trace: Any) -> dict[str, list[str]]:
+        """The harness's trace, each kind a list of strings, the evaluation view's folder named as the workspace."""
+        if not isinstance(trace, dict):
+            return {}
         view = str(started.eval_view) if self.workspace_path is None else ""
-        return [path.replace(view, self.shown_workspace, 1) if view and path.startswith(view) else path
-                for path in opened if isinstance(path, str)]
+        return {str(kind): [item.replace(view, self.shown_workspace) if view else item
+                            for item in values if isinstance(item, str)]
+                for kind, values in trace.items() if isinstance(values, list)}
 
     def _fill_agent_view(self, agent_view: Path) -> None:
         """Put the pristine files back into the agent's view, less the secrets."""

@@ -993,7 +993,7 @@ def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], stat
 
     When ``status_fd`` is given, one JSON line is written to it as the script ends, saying how (see ``run_status``):
     the backend tells the agent's failures from the infrastructure's by it, never by the script's output. With
-    ``trace``, that line also lists the paths the process opened or listed (``InputTrace``).
+    ``trace``, that line also holds what the process trusted (``InputTrace``).
     """
     opened = InputTrace() if trace else None
     if opened is not None:
@@ -1015,40 +1015,60 @@ def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], stat
     try:
         runpy.run_path(argv[0], run_name="__main__")
     except BaseException as exc:
-        _report(status, {**run_status(exc, channel), **({} if opened is None else {"opened": opened.paths()})})
+        _report(status, {**run_status(exc, channel), **({} if opened is None else {"trace": opened.report()})})
         raise
-    traced = {} if opened is None else {"opened": opened.paths()}
+    traced = {} if opened is None else {"trace": opened.report()}
     _report(status, {"status": "finished", "modules": system_modules(workspace, trusted), **traced})
 
 
 class InputTrace:
-    """An audit hook (``sys.addaudithook``) that keeps, in order and once each, the paths the evaluator's process
-    opens or lists: what an evaluation read, for the checks that every input is the task's or the declared
-    submission (``mlgym-registry check --integrity``, the tests). At most ``MAX`` paths."""
+    """An audit hook (``sys.addaudithook``) that keeps what the evaluator's process trusted: the paths it opens or
+    lists (``opened``), the strings it runs as code (``evaluated``: ``eval`` and ``exec`` of a string), the commands
+    it starts (``spawned``) and the classes it unpickles (``unpickled``), in order and once each, at most ``MAX`` of
+    each. For the checks that an evaluation reads only the task's files and the declared submission and runs nothing
+    of the submission's (``mlgym-registry check --integrity``, the tests)."""
 
     MAX = 5_000
-    EVENTS = frozenset({"open", "os.listdir", "os.scandir", "glob.glob", "os.chdir"})
+    TEXT = 400
+    """The most characters of one compiled source or command kept."""
+    OPENED = frozenset({"open", "os.listdir", "os.scandir", "glob.glob", "os.chdir"})
+    SPAWNED = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"})
 
     def __init__(self):
-        self._seen: dict[str, None] = {}
+        self._kept: dict[str, dict[str, None]] = {"opened": {}, "evaluated": {}, "spawned": {}, "unpickled": {}}
         # the interpreter's own folders (the standard library, site-packages), read-only to every sandbox: left out
         # so that the report stays small
         self._system = tuple(sorted({os.path.join(os.path.abspath(p), "") for p in
                                      (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(__file__))}))
 
     def __call__(self, event: str, args: tuple) -> None:
-        if event not in self.EVENTS or not args or len(self._seen) >= self.MAX:
+        if not args:
             return
-        path = args[0]
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-        if isinstance(path, str):
-            path = os.path.abspath(path)
-            if not path.startswith(self._system):
-                self._seen.setdefault(path, None)
+        if event in self.OPENED:
+            path = os.fsdecode(args[0]) if isinstance(args[0], bytes) else args[0]
+            if isinstance(path, str):
+                path = os.path.abspath(path)
+                if not path.startswith(self._system):
+                    self._keep("opened", path)
+        elif event == "compile" and len(args) > 1 and args[1] == "<string>":  # eval or exec of a string
+            source = args[0]
+            if isinstance(source, bytes):
+                source = source.decode("utf-8", "replace")
+            if isinstance(source, str):
+                self._keep("evaluated", source[:self.TEXT])
+        elif event in self.SPAWNED:
+            self._keep("spawned", " ".join(map(str, args[:2]))[:self.TEXT])
+        elif event == "pickle.find_class" and len(args) > 1:
+            self._keep("unpickled", f"{args[0]}.{args[1]}")
 
-    def paths(self) -> list[str]:
-        return list(self._seen)
+    def _keep(self, kind: str, value: str) -> None:
+        kept = self._kept[kind]
+        if len(kept) < self.MAX:
+            kept.setdefault(value, None)
+
+    def report(self) -> dict[str, list[str]]:
+        """What was kept, by kind."""
+        return {kind: list(values) for kind, values in self._kept.items()}
 
 
 EVALUATION_SEED_VARIABLE = "MLGYM_REGISTRY_EVAL_SEED"
