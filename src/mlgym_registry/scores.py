@@ -38,6 +38,13 @@ EVALUATION_STATUS_KEY = "evaluation_status"
 """The optional ``info`` key where a backend says how this step's evaluation ended (one of
 ``EVALUATION_STATUSES``; empty when the step evaluated nothing). The env infers it for backends that do not say."""
 
+EVALUATIONS_KEY = "evaluations"
+"""Where the env keeps, in the ``info`` it passes on, the status of every evaluation of the episode so far."""
+
+STOP_REASON_KEY = "stop_reason"
+"""The ``info`` key where the env (not the backend) says it ended the episode on this step without an evaluation
+(``"max_turns"``: its turn cap); absent on every other step."""
+
 
 # -- MLGym's ranking metrics -------------------------------------------------------------------------------------------
 # The metric MLGym ranks each of its own tasks by, and whether higher or lower is better.
@@ -406,8 +413,10 @@ class StepOutcome:
     ``kind`` is ``none`` (nothing was evaluated and the episode goes on), ``scored`` (the evaluator scored a
     submission: ``metrics``, and ``earlier``, the scores of the episode before it), ``failed`` (an evaluation was the
     agent's failure, or the episode ended without a scored submission, or on repeated format errors when the task
-    does not score that autosubmission: ``earlier`` holds the episode's scores so far) or ``infra`` (the evaluation
-    failed for a reason that is not the agent's: never paid).
+    does not score that autosubmission: ``earlier`` holds the episode's scores so far), ``cut`` (the env, not the
+    backend, ended the episode without an evaluation, e.g. at its turn cap: ``earlier`` holds the episode's scores)
+    or ``infra`` (the evaluation failed for a reason that is not the agent's: never paid). ``failed_before`` says
+    whether an evaluation of the episode before this step was the agent's failure.
     """
 
     kind: str
@@ -415,6 +424,7 @@ class StepOutcome:
     earlier: tuple[dict[str, float], ...] = ()
     baseline: dict[str, float] | None = None
     """The baseline to score against, when the text is all there is (the printed one); None: the spec's."""
+    failed_before: bool = False
 
 
 def step_outcome(observation: str | None, info: Mapping[str, Any] | None, spec: Any = None) -> StepOutcome:
@@ -434,24 +444,36 @@ def step_outcome(observation: str | None, info: Mapping[str, Any] | None, spec: 
     scores = list(info.get("score") or [])
     status = info.get(EVALUATION_STATUS_KEY)
     ended = bool(info.get("exit_status"))
+    before = _failed_before(info)
     if status == INFRA_ERROR:
         return StepOutcome("infra")
     if status in FAILED_EVALUATIONS:
-        return StepOutcome("failed", earlier=_readable(scores, spec))
+        return StepOutcome("failed", earlier=_readable(scores, spec), failed_before=before)
     if status == EVALUATION_OK or (status is None and _shows_new_score(observation, info, spec)):
         earlier = _readable(scores[:-1], spec)
         if info.get("exit_status") == FORMAT_EXIT and not _field(spec, "score_format_exit"):
-            return StepOutcome("failed", earlier=earlier)
+            return StepOutcome("failed", earlier=earlier, failed_before=before)
         try:
             metrics = score_entry_metrics(scores[-1])
         except (IndexError, TypeError, ValueError):
             return StepOutcome("infra")  # the backend said "scored" but kept no readable score
         if evaluation_metric_problem(metrics, spec) is not None:
             return StepOutcome("infra")  # the task's metric names do not match its evaluator's: not the agent's doing
-        return StepOutcome("scored", metrics, earlier)
+        return StepOutcome("scored", metrics, earlier, failed_before=before)
     if ended:
-        return StepOutcome("failed", earlier=_readable(scores, spec))
+        return StepOutcome("failed", earlier=_readable(scores, spec), failed_before=before)
+    if info.get(STOP_REASON_KEY):
+        return StepOutcome("cut", earlier=_readable(scores, spec), failed_before=before)
     return StepOutcome("none")
+
+
+def _failed_before(info: Mapping[str, Any]) -> bool:
+    """Whether an evaluation before this step's was the agent's failure: ``info[EVALUATIONS_KEY]`` lists the statuses
+    of the episode's evaluations, this step's last when it evaluated."""
+    statuses = list(info.get(EVALUATIONS_KEY) or [])
+    if info.get(EVALUATION_STATUS_KEY) and statuses:
+        statuses = statuses[:-1]
+    return any(status in FAILED_EVALUATIONS for status in statuses)
 
 
 def _shows_new_score(observation: str | None, info: Mapping[str, Any], spec: Any) -> bool:

@@ -106,7 +106,7 @@ class TaskSpec:
     backend: str = "local"
     parser: str = "thought_action"
     template: str = "mlgym_default"
-    reward: str = "mlgym_score_delta"
+    reward: str = "mlgym_best_improvement"  # pays no farming; the reference chain's is "mlgym_score_delta"
     isolator: str = "code_block"
     history: str = "full"
     backend_options: dict[str, Any] = field(default_factory=dict)

@@ -34,7 +34,8 @@ def verdicts(report) -> dict[str, str]:
 @pytest.mark.slow
 def test_an_honest_task_passes_every_canary_and_its_gap_is_zero(tmp_path):
     spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "honestLabels")
-    report = audit(spec)
+    assert spec.reward == BEST  # every task's default: nothing to farm
+    report = audit(spec, rewards=[BEST, "mlgym_score_delta"])  # and the reference chain's, whose farming is documented
     assert report.ok, report.table()
     assert report.gap[BEST] == 0.0
     assert {r.canary.family for r in report.results} == {"reference", "null", "degenerate", "hack", "farming"}

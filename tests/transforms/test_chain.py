@@ -97,7 +97,7 @@ def test_reset_gives_system_and_first_user_message(backends, layout):
 
 def test_episode_validate_submit_and_retry(backends):
     backends.options = {"outputs": ["evaluate.py  strategy.py"], "scores": [{"Score": 2.4}, {"Score": 2.75}]}
-    env = make(backends)
+    env = make(backends, reward="mlgym_score_delta")  # the reference chain's reward: score - baseline at each one
     td = env.reset()
     backend = backends.last
 
@@ -249,11 +249,13 @@ def test_prisoners_dilemma_on_the_local_backend():
         nxt, td = step(env, td, fenced("validate"))
         info = env.base_env.last_info
         assert "Evaluation Score" in nxt["message"]
-        assert nxt["reward"].item() == pytest.approx(info["score"][-1]["Score"] - baseline, abs=1e-5)
+        validated = info["score"][-1]["Score"]
+        assert nxt["reward"].item() == pytest.approx(validated - baseline, abs=1e-5)
         nxt, td = step(env, td, fenced("submit"))
         info = env.base_env.last_info
         assert nxt["done"].item() and info["exit_status"] == "submitted"
-        assert nxt["reward"].item() == pytest.approx(info["score"][-1]["Score"] - baseline, abs=1e-5)
+        # the default reward (mlgym_best_improvement) pays the submission only what it adds to the best score
+        assert nxt["reward"].item() == pytest.approx(max(0.0, info["score"][-1]["Score"] - validated), abs=1e-5)
     finally:
         env.close()
 

@@ -16,13 +16,14 @@ from ..scores import (  # the statuses are the scores' facts; the contract names
     EVALUATION_OK,
     EVALUATION_STATUS_KEY,
     EVALUATION_STATUSES,
+    EVALUATIONS_KEY,
     INFRA_ERROR,
     INVALID_SUBMISSION,
 )
 from ..tool_language import ToolSet
 
-__all__ = ["AGENT_ERROR", "EVALUATION_OK", "EVALUATION_STATUSES", "EVALUATION_STATUS_KEY", "INFRA_ERROR",
-           "INVALID_SUBMISSION", "Backend", "ToolSet", "new_info"]
+__all__ = ["AGENT_ERROR", "EVALUATION_OK", "EVALUATIONS_KEY", "EVALUATION_STATUSES", "EVALUATION_STATUS_KEY",
+           "INFRA_ERROR", "INVALID_SUBMISSION", "Backend", "ToolSet", "new_info"]
 
 
 @runtime_checkable
@@ -68,9 +69,6 @@ def new_info() -> dict[str, Any]:
     """A fresh ``info`` dict with MLGym's five keys."""
     return {"model_stats": {}, "exit_status": "", "submission": None, "score": [], "summarizer": {}}
 
-
-EVALUATIONS_KEY = "evaluations"
-"""Where the env keeps, in the ``info`` it passes on, the status of every evaluation of the episode so far."""
 
 def non_finite(metrics: Any) -> bool:
     """True when a metric dict holds a number that is NaN or infinite (a broken submission, never a score)."""

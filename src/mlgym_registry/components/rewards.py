@@ -107,22 +107,28 @@ class ScoreDeltaReward:
 
 
 class BestImprovementReward:
-    """Pays only improvements of the episode's best score (``mlgym_best_improvement``): the first scored evaluation
-    pays its score minus baseline, each later one pays how much it raised the best score so far (0 when it did not).
+    """Pays only improvements of the episode's best outcome (``mlgym_best_improvement``, every task's default): an
+    outcome is a scored evaluation (its score minus baseline) or a failure (``failure_reward(spec)``, the floor); the
+    episode's first outcome pays itself, each later one how much it raised the best outcome so far (0 when it did
+    not).
 
-    An episode's rewards therefore add up to its best score minus the baseline (lower when it also failed), however
-    often it validates: validating is never worth more than improving. Scores are read and clipped as in
-    ``ScoreDeltaReward``. Failures pay ``failure_reward(spec)`` while the episode has no score yet, and 0 after one
-    (they cannot lower the best score); an ``infra_error`` pays 0.
+    An episode's rewards therefore add up to its best outcome: its best score minus the baseline, or the floor when
+    nothing scored, however often it validates or fails on the way: validating is never worth more than improving,
+    and an honest attempt that fails first never ends below an episode that tried nothing. An episode the env ends
+    without an evaluation (its turn cap, ``max_turns``) and that has no outcome yet pays the floor then, as one that
+    ends without a scored submission does, so doing nothing is never worth more than trying. Scores are read and
+    clipped as in ``ScoreDeltaReward``; an ``infra_error`` pays 0.
     """
 
     def __call__(self, observation: str | None, info: Mapping[str, Any] | None, spec: Any = None) -> float:
         """The reward of one step."""
         outcome = step_outcome(observation, info, spec)
-        if outcome.kind not in ("scored", "failed"):
+        if outcome.kind not in ("scored", "failed", "cut"):
             return 0.0
         floor = failure_reward(spec)
         best = max((honest_reward(m, spec, floor=floor) for m in outcome.earlier), default=None)
+        if best is None and outcome.failed_before:
+            best = floor
         if outcome.kind == "scored":
             value = honest_reward(outcome.metrics or {}, spec, outcome.baseline, floor)
             return value if best is None else max(0.0, value - best)

@@ -25,6 +25,7 @@ from ..backends.protocol import (
     infer_evaluation_status,
     new_info,
 )
+from ..scores import STOP_REASON_KEY
 from ..specs import ResolvedTask
 from .episode_rules import MAX_FORMAT_ERRORS
 from .layout import Layout, set_spec
@@ -69,11 +70,13 @@ class BackendEnv(EnvBase):
       returns an empty ``observation``.
     - ``step`` hands the backend the action the isolator wrote, unless the isolator flagged ``retry``: then the
       backend is not stepped at all (retry skip, stage 1 of the chain) and the observation stays empty.
-    - ``last_info`` is the ``info`` of the last backend step (None after a reset or a skipped step), so the reward
-      stage reads the score of that very step.
+    - ``last_info`` is the ``info`` of the last step (None only after a reset), so the reward stage reads the score
+      of that very step: the backend's, or on a skipped step the episode's as it stood (its scores so far,
+      ``exit_status`` and ``evaluation_status`` empty: nothing ran).
     - Every episode ends: the action isolator turns the ``max_format_errors``-th format error in a row into MLGym's
       ``exit_format`` action (the backend autosubmits), and the ``max_turns``-th turn, format errors included,
-      ends the episode as truncated (``stop_reason`` says so) when nothing else has.
+      ends the episode as truncated when nothing else has (``stop_reason`` says so, and so does
+      ``last_info["stop_reason"]``, for the reward).
 
     The backend is made on the first reset and closed by ``close()`` and when the env is garbage-collected.
     """
@@ -247,8 +250,8 @@ class BackendEnv(EnvBase):
         done = False
         reward = 0.0
         if retry:
-            observation = ""
-            self.last_info = None
+            observation = self.last_observation = ""
+            self.last_info = self._info_without_step()
         else:
             action = tensordict[self.layout.action]
             observation, reward, done, info = self.backend.step(str(action))
@@ -267,6 +270,7 @@ class BackendEnv(EnvBase):
         if not done and self.turns >= self.max_turns:
             done = truncated = True
             self.stop_reason = "max_turns"
+            self.last_info[STOP_REASON_KEY] = self.stop_reason
         if done:
             ended = (self.last_info or {}).get("exit_status") or self.stop_reason or "the backend reported done"
             self.ended = f"{ended}, after {self.turns} turns"
@@ -274,6 +278,15 @@ class BackendEnv(EnvBase):
         out.set("terminated", torch.tensor([bool(done) and not truncated], device=self.device))
         out.set("truncated", torch.tensor([truncated], device=self.device))
         return out
+
+    def _info_without_step(self) -> dict[str, Any]:
+        """The ``info`` of a step the backend never saw (a reply without a usable command): the episode's as it
+        stands, nothing evaluated on it."""
+        info = dict(self.last_info) if self.last_info is not None else new_info()
+        info["score"] = list(info.get("score") or [])
+        info.pop(EVALUATION_ERROR_KEY, None)
+        info.update({"exit_status": "", EVALUATION_STATUS_KEY: "", EVALUATIONS_KEY: list(self.evaluations)})
+        return info
 
     def _record_evaluation(self, observation: str, info: dict[str, Any]) -> None:
         """Give ``info`` this step's evaluation status (inferred when the backend does not say) and the statuses of

@@ -14,12 +14,13 @@ from .base import ChainTransform, is_retry, text_of
 
 
 class RewardAssigner(ChainTransform):
-    """Adds ``reward(observation, info, spec)`` to ``reward`` (a retry step only carries the isolator's penalty)."""
+    """Adds ``reward(observation, info, spec)`` to ``reward``. A retry step only carries the isolator's penalty,
+    unless it ends the episode (the env's turn cap): the reward then pays how the episode ended."""
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        if is_retry(tensordict, self.layout):
-            return next_tensordict
         base = self.base
+        if is_retry(tensordict, self.layout) and base.stop_reason is None:
+            return next_tensordict
         info = base.last_info
         if info is None:
             return next_tensordict
