@@ -101,11 +101,12 @@ def test_an_episode_of_text_actions_reaches_a_scored_validate_and_a_submit():
     observation, reward, terminated, truncated, info = env.step(LS)
     assert "strategy.py" in observation and "strategy.py" in info["output"]
     assert (reward, terminated, truncated, info["action"].strip(), info["format_error"]) == (0.0, False, False,
-                                                                                             "ls", False)
+                                                                                             "ls", "")
 
     observation, reward, terminated, truncated, info = env.step("no command in this answer")
-    assert info["format_error"] and info["action"] == "" and "could not be used" in observation
-    assert not (terminated or truncated)
+    # format_error says what was wrong with the answer (TurnFacts.format_error); the observation shows the fix
+    assert info["format_error"] == "No action found in model response." and "could not be used" in observation
+    assert info["action"] == "" and not (terminated or truncated)
 
     # the parser reads this reply, but the isolator refuses its unterminated insert: a format error all the same
     observation, reward, terminated, truncated, info = env.step("DISCUSSION\nadd a line\n```\ninsert 3\nfoo\n```")
@@ -117,6 +118,11 @@ def test_an_episode_of_text_actions_reaches_a_scored_validate_and_a_submit():
     baseline = registry.spec("prisonersDilemma").baseline["Score"]
     assert reward == pytest.approx(info["score"][-1]["Score"] - baseline, abs=1e-5)
     assert not (terminated or truncated)
+
+    # an answer without a command keeps the episode's info as it stands: its score, nothing evaluated now
+    scored = info["score"]
+    *_, info = env.step("still no command")
+    assert info["score"] == scored and info["evaluation_status"] == "" and info["evaluations"] == ["ok"]
 
     observation, reward, terminated, truncated, info = env.step(SUBMIT)
     assert terminated and not truncated and info["exit_status"] == "submitted"

@@ -18,7 +18,7 @@ import gymnasium
 from gymnasium import spaces
 
 from ..backends.protocol import EVALUATION_STATUS_KEY, EVALUATIONS_KEY, INFRA_ERROR, new_info
-from ..episodes.episode import conversation, env_parts, text_at, turn_facts
+from ..episodes.episode import conversation, env_parts, facts_at, text_at, turn_facts
 from ..errors import InvalidOverrideError, MLGymRegistryError
 from ..transforms.backend_env import INFRA_ERROR_KEY
 
@@ -94,7 +94,8 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
     ``task``. ``step(answer)`` returns the next user message, the chain's reward (a ``float``), ``terminated``,
     ``truncated`` and an ``info`` holding the backend's (``exit_status``, ``score``, ``submission``,
     ``evaluation_status``, ``evaluations``, ...) plus ``thought``, ``action`` (the parsed command, ``""`` when the
-    answer held none), ``output`` (what the command printed), ``format_error`` and ``infra_error``. A step whose
+    answer held none), ``output`` (what the command printed), ``format_error`` (the message of an answer without a
+    usable command, ``""`` for a usable one, as ``TurnFacts.format_error``) and ``infra_error``. A step whose
     evaluation failed for a reason that is not the agent's (``infra_error``) is never paid: its reward is ``UNPAID``
     (NaN), whatever the reward assigner made of it. ``chain`` is the TorchRL env underneath; ``messages`` the
     conversation the policy sees.
@@ -146,7 +147,8 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
         shown_before = self._conversation_length()
         self._td.set(self.layout.response, action)
         after = self.chain.step(self._td)["next"]
-        thought, command, _, format_error = turn_facts(after, self.layout)
+        thought, command, _, _ = turn_facts(after, self.layout)
+        format_error = facts_at(after, self.layout.turn).format_error
         info = self._step_info(thought, command, text_at(after, self.layout.observation), format_error)
         reward = UNPAID if info[INFRA_ERROR_KEY] else float(after.get(self.layout.reward).sum())
         terminated, truncated = bool(after.get("terminated").any()), bool(after.get("truncated").any())
@@ -188,7 +190,7 @@ class MLGymRegistryEnv(gymnasium.Env[str, str]):
         """The conversation as the TorchRL ``History`` the chain keeps (None before the first reset)."""
         return None if self._td is None else self._td.get(self.layout.stored_history)
 
-    def _step_info(self, thought: str, command: str, output: str, format_error: bool) -> dict[str, Any]:
+    def _step_info(self, thought: str, command: str, output: str, format_error: str) -> dict[str, Any]:
         info = copy.deepcopy(self.base.last_info) if self.base.last_info is not None else new_info()
         info.setdefault(EVALUATION_STATUS_KEY, "")
         info[EVALUATIONS_KEY] = list(self.base.evaluations)
