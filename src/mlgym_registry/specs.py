@@ -172,6 +172,24 @@ class TaskSpec:
         return f"mlgym/{self.id}"
 
 
+BASELINE_COMMAND_KEY = "baseline_command"
+"""A task extra: the shell command that makes the baseline's submission, when it is not ``python <baseline>``."""
+
+
+def baseline_command(spec: TaskSpec) -> str | None:
+    """The shell command that produces the baseline's submission in the agent's workspace (what ``check`` scores and
+    the scripted policy runs): the task's ``baseline_command`` extra, else ``python <script>`` for a CSV task's first
+    ``baseline_paths`` script that is not its evaluator; None when the starter code is the baseline as it is."""
+    declared = spec.extra.get(BASELINE_COMMAND_KEY)
+    if declared:
+        return str(declared)
+    evaluator = spec.evaluation_paths[0] if spec.evaluation_paths else None
+    scripts = [path for path in spec.baseline_paths if path != evaluator]
+    if scripts and spec.task_entrypoint == "CSVSubmissionTasks":
+        return f"python {scripts[0]}"
+    return None
+
+
 def read_yaml_mapping(path: Path, what: str, error: type[Exception]) -> dict[str, Any]:
     """The mapping in the YAML file ``path``; ``error`` naming ``what`` when it is missing, not YAML or no mapping."""
     import yaml

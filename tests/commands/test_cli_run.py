@@ -173,3 +173,68 @@ def test_a_component_swapped_in_from_the_command_line_runs_the_episode(tmp_path,
     assert cli_main(["run", "blotto", "--reward", "mlgym_score_delt", "--out", str(tmp_path / "bad")]) == 2
     assert "unknown reward 'mlgym_score_delt'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+CSV_TASK = """\
+id: lineCsv
+name: Line CSV
+description: Predict y for every id of data/test.csv and write submission.csv (header id,y).
+task_entrypoint: CSVSubmissionTasks
+training_timeout: 60
+starter_code: [baseline.py, evaluate.py, data]
+baseline_paths: [baseline.py]
+baseline_scores: [{mae: 0.5}]
+evaluation_paths: [evaluate.py]
+evaluation_read_only: true
+secret_files: [data/answer.csv]
+metric_direction: min
+max_steps: 6
+"""
+CSV_BASELINE = """\
+import csv
+rows = list(csv.DictReader(open("data/test.csv")))
+with open("submission.csv", "w") as out:
+    out.write("id,y\\n" + "".join(f"{row['id']},{2 * int(row['id']) + 1}\\n" for row in rows))
+"""
+CSV_EVALUATOR = """\
+import argparse, csv, json
+parser = argparse.ArgumentParser()
+parser.add_argument("--submission_file", default="submission.csv")
+answers = {row["id"]: float(row["y"]) for row in csv.DictReader(open("data/answer.csv"))}
+got = {row["id"]: float(row["y"]) for row in csv.DictReader(open(parser.parse_args().submission_file))}
+print(json.dumps({"mae": sum(abs(got[key] - value) for key, value in answers.items()) / len(answers)}))
+"""
+
+
+def csv_task(folder: Path) -> Path:
+    """A plugin-style CSV task whose baseline program writes the submission (none is in the starter files)."""
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "test.csv").write_text("id\n6\n7\n8\n")
+    (folder / "data" / "answer.csv").write_text("id,y\n6,13\n7,15\n8,18\n")
+    (folder / "baseline.py").write_text(CSV_BASELINE)
+    (folder / "evaluate.py").write_text(CSV_EVALUATOR)
+    (folder / "lineCsv.yaml").write_text(CSV_TASK)
+    return folder / "lineCsv.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["houseRegression", "lineCsv"])
+def test_the_scripted_policy_runs_a_csv_tasks_baseline_program_and_ends_with_its_score(task, tmp_path):
+    name = str(csv_task(tmp_path / "task")) if task == "lineCsv" else task
+    out = tmp_path / "run"
+    result = run_cli("run", name, "--policy", "scripted", "--seed", "0", "--out", str(out), timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "runs the task's baseline program" in result.stderr
+    trajectory = load_traj(out / f"{task}.traj")
+    actions = [step.action.strip() for step in trajectory.steps]
+    assert actions == ["ls -a", "python baseline.py", "validate", "submit"]
+    assert trajectory.info["exit_status"] == "submitted"
+    results = load_results(out / "results.json")
+    metric = "r2" if task == "houseRegression" else "mae"
+    scores = [entry[metric] for entry in results["agent"]]
+    assert len(scores) == 2  # the validate and the submission both scored the baseline's file
+    if task == "lineCsv":
+        assert scores == pytest.approx([1 / 3, 1 / 3])  # the baseline's line misses the third answer by 1
+    else:
+        assert all(0.5 < score < 1 for score in scores)  # houseRegression's evaluator samples with its own seed
+    assert "no score" not in result.stdout and f"{metric}: " in result.stdout

@@ -17,27 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MLGymRegistryError
-from ..specs import TaskSpec
+from ..specs import BASELINE_COMMAND_KEY, TaskSpec, baseline_command
 
-BASELINE_COMMAND_KEY = "baseline_command"
-"""A task extra: the shell command that makes the baseline's submission, when it is not ``python <baseline>``."""
 BASELINE_NOTE_KEY = "baseline_note"
 """A task extra: why a fresh baseline differs from the recorded one, when the cause is known."""
 BASELINE_TOLERANCE_KEY = "baseline_tolerance"
 """A task extra: the relative difference a reproduced baseline may show (default ``DEFAULT_TOLERANCE``)."""
 DEFAULT_TOLERANCE = 0.001
-
-
-def baseline_command(spec: TaskSpec) -> str | None:
-    """The shell command that produces the baseline's submission; None when scoring the starter code as it is."""
-    declared = spec.extra.get(BASELINE_COMMAND_KEY)
-    if declared:
-        return str(declared)
-    evaluator = spec.evaluation_paths[0] if spec.evaluation_paths else None
-    scripts = [path for path in spec.baseline_paths if path != evaluator]
-    if scripts and spec.task_entrypoint == "CSVSubmissionTasks":
-        return f"python {scripts[0]}"
-    return None
 
 
 @dataclass(frozen=True)
