@@ -2,8 +2,13 @@
 
     python examples/grpo.py --updates 2                           # a tiny random model built offline, on CPU
     python examples/grpo.py --task capitals --lr 3e-3 --max-new-tokens 16 --updates 120  # learns in minutes on CPU
-    python examples/grpo.py --model ./checkpoint --device cuda    # a local save_pretrained() checkpoint
+    python examples/grpo.py --model ./checkpoint --device cuda    # a local save_pretrained() checkpoint (a GPU)
     python examples/grpo.py --model ./checkpoint --engine vllm    # vLLM generates, transformers trains (GPU)
+
+``./checkpoint`` is any ``save_pretrained()`` folder of a causal LM and its tokenizer; to try the script without one,
+``python -c "from mlgym_registry.testing.tiny_model import save_tiny_checkpoint; save_tiny_checkpoint('checkpoint')"``
+saves the tiny random model, offline. On CPU the defaults are small (``--max-new-tokens 32 --max-turns 2``), so an
+update takes seconds; on a GPU they are 256 tokens and the env's own turn cap.
 
 The pipeline: ``LLMCollector`` plays whole episodes and writes them to a ``ReplayBuffer``, whose ``MCAdvantage``
 transform holds them until ``--grpo-size`` episodes of the same task (same ``"query"``) are done and writes the group
@@ -28,6 +33,29 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from mlgym_registry import registry
 from mlgym_registry.testing.tiny_model import tiny_model, tiny_tokenizer
 
+CPU_DEFAULTS = {"max_new_tokens": 32, "max_turns": 2}
+"""On CPU, what keeps one update of the defaults to seconds (a GPU gets 256 tokens and the env's turn cap)."""
+
+
+def device_problem(device: str) -> str | None:
+    """Why torch cannot use ``device`` here (a name it does not know, CUDA on a CPU-only build or with no GPU
+    visible, a GPU index past the last one, MPS on a machine without it); None when it can."""
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"--device {device}: not a device torch knows; use cpu, cuda, cuda:N or mps"
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "this torch is a CPU-only build" if torch.version.cuda is None else "torch sees no CUDA GPU"
+            return (f"--device {device}: {build}; use --device cpu (the default here), or install a CUDA build of "
+                    "torch on a machine with a GPU")
+        if chosen.index is not None and chosen.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            return f"--device {device}: torch sees {count} GPU(s), cuda:0 to cuda:{count - 1}"
+    if chosen.type == "mps" and not torch.backends.mps.is_available():
+        return f"--device {device}: MPS is not available here; use --device cpu"
+    return None
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; ``--engine vllm`` without a GPU or without vLLM is an error here, before anything runs."""
@@ -37,8 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", metavar="DIR", help="a local checkpoint (save_pretrained); default: a tiny one")
     parser.add_argument("--updates", type=int, default=20, help="optimizer steps, one per group of episodes")
     parser.add_argument("--grpo-size", type=int, default=4, help="episodes per group (G)")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens the model may write per turn")
-    parser.add_argument("--max-turns", type=int, help="cap on an episode's turns (default: the env's)")
+    parser.add_argument("--max-new-tokens", type=int, help="tokens the model may write per turn (default: 256 on a "
+                        f"GPU, {CPU_DEFAULTS['max_new_tokens']} on CPU)")
+    parser.add_argument("--max-turns", type=int, help="cap on an episode's turns (default: the env's on a GPU, "
+                        f"{CPU_DEFAULTS['max_turns']} on CPU)")
     parser.add_argument("--batch-size", type=int, default=8, help="turns per forward pass (gradients accumulate)")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -46,6 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", metavar="DIR", help="save the trained model and tokenizer here")
     args = parser.parse_args(argv)
+    problem = device_problem(args.device)
+    if problem:
+        parser.error(problem)
+    on_cpu = torch.device(args.device).type == "cpu"
+    if args.max_new_tokens is None:
+        args.max_new_tokens = CPU_DEFAULTS["max_new_tokens"] if on_cpu else 256
+    if args.max_turns is None and on_cpu:
+        args.max_turns = CPU_DEFAULTS["max_turns"]
     if args.engine == "vllm":
         if not torch.cuda.is_available():
             parser.error("--engine vllm needs a CUDA GPU, and torch sees none; use --engine transformers")

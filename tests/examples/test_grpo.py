@@ -56,3 +56,38 @@ def test_vllm_without_a_gpu_is_a_clear_error(monkeypatch, capsys):
         load_example().main(["--engine", "vllm", "--model", "somewhere"])
     assert exit_info.value.code == 2
     assert "--engine vllm needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    ("cuda", "--device cuda: "),
+    ("cuda:7", "--device cuda:7: "),
+    ("gpu", "--device gpu: not a device torch knows"),
+])
+def test_a_device_torch_cannot_use_is_one_clear_line(device, message, monkeypatch, capsys):
+    if device.startswith("cuda"):  # what a CPU-only torch says, also on a machine with a GPU
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        load_example().main(["--device", device])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.split(": error: ", 1)[1].startswith(message.removesuffix(" "))
+    if device.startswith("cuda"):
+        assert "use --device cpu" in error and "Traceback" not in error
+
+
+def test_cpu_defaults_keep_an_update_small_and_explicit_values_win():
+    example = load_example()
+    args = example.parse_args(["--device", "cpu"])
+    assert (args.max_new_tokens, args.max_turns) == (32, 2) == tuple(example.CPU_DEFAULTS.values())
+    args = example.parse_args(["--device", "cpu", "--max-new-tokens", "100", "--max-turns", "5"])
+    assert (args.max_new_tokens, args.max_turns) == (100, 5)
+
+
+@pytest.mark.slow
+def test_one_update_with_the_cpu_defaults_from_the_docs_checkpoint(tmp_path, monkeypatch):
+    """The checkpoint docs/training.md tells a user to make, trained with nothing but the defaults, on CPU."""
+    monkeypatch.chdir(tmp_path)
+    save_tiny_checkpoint("checkpoint")
+    (stats,) = load_example().main(["--model", "checkpoint", "--device", "cpu", "--updates", "1"])
+    assert stats["task"] == "prisonersDilemma" and stats["episodes"] == 4 and stats["turns"] <= 4 * 2
+    assert math.isfinite(stats["loss"])
