@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# two installs into the one .venv: the package alone (what `make demo` needs), and the package with the test and
+# optional extras, the example plugin and OpenEnv (what `make test` and the other targets need; it includes the first)
+DEMO_STAMP := $(VENV)/.installed-package
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 # where torch comes from: empty (the default) means pip's own configuration; on a CPU-only machine whose pip reaches
@@ -15,22 +18,32 @@ PYTEST_WORKERS ?= 4
 
 .PHONY: venv demo test security lint bench clean
 
-$(STAMP): pyproject.toml plugins/mlgym-registry-example/pyproject.toml
+# the venv, pip, then the CPU build of torch first, so that nothing later reaches for a multi-GB CUDA build
+define make_venv
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# the CPU build of torch first, so that nothing later reaches for a multi-GB CUDA build
-	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	$(PY) -m pip install --progress-bar on torch==$(TORCH_VERSION) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+endef
+
+$(DEMO_STAMP): pyproject.toml
+	@echo "make demo: installing torch and mlgym-registry (no test tools) into $(VENV); the first time only, a minute or more"
+	$(make_venv)
+	$(PY) -m pip install --progress-bar on -e .
+	touch $(DEMO_STAMP)
+
+$(STAMP): pyproject.toml plugins/mlgym-registry-example/pyproject.toml
+	$(make_venv)
 	# the verifiers extra too, for tests/faces/test_verifiers.py and docs/verifiers.md (its console scripts, validate,
 	# eval..., stay off the tests' stand-in MLGym container's PATH: tests/engine_double.py)
 	$(PY) -m pip install --quiet -e '.[test,verifiers]' -e plugins/mlgym-registry-example
 	# OpenEnv for tests/faces/test_serve.py without its UI and MCP-server dependencies (the test extra lists what it imports)
 	$(PY) -m pip install --quiet --no-deps openenv==0.10.0
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
 venv: $(STAMP)
 
 # each demo writes a folder of its own (runs/demo-<time>), so the target runs again and keeps earlier demos
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/mlgym-registry run prisonersDilemma --policy scripted --seed 0 --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: $(STAMP)
