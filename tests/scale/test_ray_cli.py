@@ -207,7 +207,9 @@ def test_an_address_nobody_answers_fails_fast_and_names_it(tmp_path):
     port = free_port()
     started = time.monotonic()
     done = run_cli("run", TASK, "--num-envs", "2", "--ray", f"127.0.0.1:{port}", "--out", str(tmp_path / "out"))
-    assert time.monotonic() - started < 30
+    # a ceiling, not a timing: the check gives up after CONNECT_TIMEOUT (10 s); the rest is room for the CLI's own
+    # start on a loaded machine
+    assert time.monotonic() - started < 90
     assert done.returncode != 0
     assert f"no Ray cluster answers at '127.0.0.1:{port}'" in done.stderr
     assert "ray start --head" in done.stderr
@@ -232,7 +234,7 @@ def test_an_unknown_task_fails_before_ray_starts(tmp_path):
     done = run_cli("run", "blottoo", "--ray", "--out", str(tmp_path / "out"))
     assert done.returncode == 2
     assert "Did you mean 'blotto'" in done.stderr
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 90  # a ceiling for a loaded machine: no Ray runtime was waited for
 
 
 def test_a_cpu_share_of_zero_is_refused_before_anything_starts(tmp_path):

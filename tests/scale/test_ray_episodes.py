@@ -134,11 +134,9 @@ def test_an_actor_killed_mid_episode_fails_only_its_episode(local_ray, workspace
 
 
 def test_a_cpu_request_larger_than_any_node_is_refused_before_any_actor_starts(local_ray, workspaces):
-    started = time.monotonic()
     with pytest.raises(RayConnectionError, match=r"cpus_per_env=3.*largest node.*2 CPUs"):
         run_episodes(spec_for(workspaces), "scripted", 1, engine="ray", cpus_per_env=3)
-    assert time.monotonic() - started < 5
-    assert worker_actors() == []
+    assert worker_actors() == []  # refused before any actor was asked for (one would wait for a CPU forever)
 
 
 def test_an_unknown_task_fails_in_the_driver(local_ray):
@@ -153,3 +151,31 @@ def test_the_local_runtime_runs_its_workers_at_normal_priority(local_ray):
     # Ray's default niceness for workers is 15: on a busy machine the actors that play the episodes would starve
     niceness = ray.get(ray.remote(lambda: os.nice(0)).remote())
     assert niceness == os.nice(0)
+
+
+def test_a_local_runtime_whose_raylet_missed_rays_startup_wait_is_started_again():
+    # Ray waits a fixed 30 s for its raylet; a loaded machine can miss it, which Ray cannot be made to do on demand:
+    # a stand-in for ray.init misses it twice, then starts
+    from mlgym_registry.scale import ray_runtime
+
+    class SlowStarts:
+        def __init__(self, misses: int):
+            self.misses, self.inits, self.shutdowns = misses, [], 0
+
+        def init(self, **options):
+            self.inits.append(options)
+            if len(self.inits) <= self.misses:
+                raise Exception("The current node timed out during startup. This could happen because ...")
+
+        def shutdown(self):
+            self.shutdowns += 1
+
+    ray_stand_in = SlowStarts(misses=2)
+    ray_runtime._start_local_runtime(ray_stand_in, num_cpus=2)
+    assert (len(ray_stand_in.inits), ray_stand_in.shutdowns) == (3, 2)
+    with pytest.raises(Exception, match="timed out during startup"):
+        ray_runtime._start_local_runtime(SlowStarts(misses=3), num_cpus=2)
+    with pytest.raises(Exception, match="another failure"):  # any other failure is final at once
+        broken = SlowStarts(misses=0)
+        broken.init = lambda **options: (_ for _ in ()).throw(RuntimeError("another failure"))
+        ray_runtime._start_local_runtime(broken)

@@ -35,6 +35,10 @@ from ..errors import MLGymRegistryError
 RAY_EXTRA = "pip install 'mlgym-registry[ray]'"
 """How to install Ray for this package."""
 
+STARTUP_ATTEMPTS = 3
+"""How often a local runtime is started before its failure to start is final."""
+STARTUP_TIMEOUT_TEXT = "timed out during startup"
+"""What Ray says when a node's raylet did not register within its fixed wait (30 s)."""
 CONNECT_TIMEOUT = 10.0
 """Seconds to wait for a cluster address to accept a connection before giving up."""
 
@@ -136,12 +140,25 @@ def ray_session(address: str | None = None, *, num_cpus: int | None = None) -> I
     temp_dir = Path(tempfile.mkdtemp(prefix="mlgym-ray-", dir=_short_temp_root()))
     with _environment(local_runtime_environment(secrets.token_hex(32))):
         try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=str(temp_dir), configure_logging=False,
-                     log_to_driver=False)
+            _start_local_runtime(ray, num_cpus=num_cpus, include_dashboard=False, _temp_dir=str(temp_dir),
+                                 configure_logging=False, log_to_driver=False)
             yield RaySession(address=None, owns_runtime=True, temp_dir=temp_dir)
         finally:
             ray.shutdown()
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _start_local_runtime(ray: ModuleType, **init: Any) -> None:
+    """``ray.init(**init)``, started again (``STARTUP_ATTEMPTS`` in all) when its raylet did not register in time:
+    Ray waits a fixed 30 s for it (not a setting in Ray 2.x), which a loaded machine can exceed."""
+    for attempt in range(1, STARTUP_ATTEMPTS + 1):
+        try:
+            ray.init(**init)
+            return
+        except Exception as exc:
+            if STARTUP_TIMEOUT_TEXT not in str(exc) or attempt == STARTUP_ATTEMPTS:
+                raise
+            ray.shutdown()
 
 
 def _short_temp_root() -> str:
