@@ -88,9 +88,9 @@ def messages_of(source: Any) -> list[dict[str, str]]:
     if isinstance(source, list):
         return [{"role": str(m.get("role", "")), "content": str(m.get("content") or "")} for m in source]
     from tensordict import TensorDictBase
-    from torchrl.data.llm import History
 
     from ..transforms.history import as_dicts
+    from ..transforms.torchrl_internals import History
 
     if isinstance(source, History):
         return as_dicts(source)

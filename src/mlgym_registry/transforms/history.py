@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor
-from torchrl.data.llm import History
+
+from .torchrl_internals import History
 
 HISTORY_FIELDS = ("role", "content", "is_complete")
 """The fields a ``History`` actually stores. ``History.default_spec()`` also declares ``tool_calls`` and
