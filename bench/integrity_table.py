@@ -3,9 +3,9 @@ integrity table that docs/tasks.md publishes; ``--write`` puts it in docs/tasks.
 
     python bench/integrity_table.py [--write] [TASK ...]
 
-Each row is one task's audit (``mlgym_registry.integrity.audit``, every canary, the task's own reward and
-mlgym_best_improvement): how many canaries ran, which failed, the gameability gap under each reward and what the
-audit cost per canary on this machine.
+Each row is one task's audit (``mlgym_registry.integrity.audit``, every canary, under mlgym_best_improvement, every
+task's default, and mlgym_score_delta, the reference chain's reward): how many canaries ran, which failed, the
+gameability gap under each reward and what the audit cost per canary on this machine.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "tasks.md"
 START, END = "<!-- integrity-table:start -->", "<!-- integrity-table:end -->"
+REWARDS = ("mlgym_best_improvement", "mlgym_score_delta")
+"""The rewards every task is judged under: every task's default, and the reference chain's."""
 
 
 def task_names(asked: list[str]) -> list[str]:
@@ -33,15 +35,14 @@ def task_names(asked: list[str]) -> list[str]:
 
 
 def table(reports: list) -> str:
-    lines = ["| Task | Canaries | Failed | Gap, mlgym_best_improvement | Gap, the task's reward | Per canary |",
+    lines = [f"| Task | Canaries | Failed | Gap, {REWARDS[0]} | Gap, {REWARDS[1]} (the reference's) | Per canary |",
              "|---|---|---|---|---|---|"]
     for report in reports:
         failed = ", ".join(f"{r.canary.name} ({r.verdict})" for r in report.failures) or "none"
-        own = report.rewards[0]
         per = report.seconds / max(1, len(report.results))
-        lines.append(f"| {report.name or report.task} | {len(report.results)} | {failed} | "
-                     f"{report.gap.get('mlgym_best_improvement', 0.0):.3g} | {own}: {report.gap.get(own, 0.0):.3g} | "
-                     f"{per:.1f} s |")
+        best, reference = (report.gap.get(reward, 0.0) for reward in REWARDS)
+        lines.append(f"| {report.name or report.task} | {len(report.results)} | {failed} | {best:.3g} | "
+                     f"{reference:.3g} | {per:.1f} s |")
     return "\n".join(lines)
 
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     reports = []
     for name in task_names(args.tasks):
-        report = audit(name)
+        report = audit(name, rewards=list(REWARDS))
         print(f"{name}: {'ok' if report.ok else 'FAILED'}, gap {report.gap}, {report.seconds:.0f} s", flush=True)
         reports.append(report)
     text = table(reports)
