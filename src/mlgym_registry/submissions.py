@@ -376,10 +376,11 @@ def declared_submission(spec: Any) -> list[str]:
     them, else its entrypoint's default. Everything else the evaluator sees is the task's own pristine files.
 
     The defaults: a CSV task's submission file (``submission.csv``, or its schema's ``file``); a Python task's
-    starter files the agent is asked to change (every starter file that is neither an evaluation, protected nor
-    secret file: the strategy module, an answer file) and its schema's ``file`` when it declares one; a model task's
-    same, its ``checkpoints`` folder and the configuration the evaluation is given (``Evaluator`` adds the last,
-    which it finds at each evaluation).
+    starter files the agent is asked to change (of the starter files that are neither evaluation, protected nor
+    secret files, those its description names, such as ``strategy.py``; all of them when it names none) and its
+    schema's ``file`` when it declares one; a model task's same, its ``checkpoints`` folder and the configuration the
+    evaluation is given (``Evaluator`` adds the last, which it finds at each evaluation). A helper module of the
+    task's that the description does not name is then the task's own, whatever the agent writes in its copy.
     """
     declared = getattr(spec, "submission_files", None)
     if declared is not None:
@@ -388,7 +389,9 @@ def declared_submission(spec: Any) -> list[str]:
     schema = submission_schema(spec)
     if entrypoint == "CSVSubmissionTasks":
         return [schema.file if schema is not None else "submission.csv"]
-    declared = [*editable_starter_files(spec), *([schema.file] if schema is not None else [])]
+    editable = editable_starter_files(spec)
+    named = [name for name in editable if name in (getattr(spec, "description", "") or "")]
+    declared = [*(named or editable), *([schema.file] if schema is not None else [])]
     if entrypoint == "ModelSubmissionTasks":
         declared.append(MODEL_CHECKPOINTS)
     return list(dict.fromkeys(declared))

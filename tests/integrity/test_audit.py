@@ -38,7 +38,8 @@ def test_an_honest_task_passes_every_canary_and_its_gap_is_zero(tmp_path):
     report = audit(spec, rewards=[BEST, "mlgym_score_delta"])  # and the reference chain's, whose farming is documented
     assert report.ok, report.table()
     assert report.gap[BEST] == 0.0
-    assert {r.canary.family for r in report.results} == {"reference", "null", "degenerate", "hack", "farming"}
+    assert {r.canary.family for r in report.results} == {"reference", "null", "degenerate", "hack", "farming",
+                                                          "metamorphic"}
     assert report.honest[BEST] == pytest.approx(0.0) and report.floor[BEST] == pytest.approx(-0.75)
     results = {r.canary.name: r for r in report.results}
     assert results["nan_answers"].statuses == ["invalid_submission"] or results["nan_answers"].scores == []
@@ -72,10 +73,15 @@ def test_a_nondeterministic_evaluator_is_caught_by_the_second_reference(tmp_path
     assert "same seed" in report.failures[0].detail
 
 
-def test_an_evaluator_that_imports_a_helper_the_agent_can_rewrite_is_caught(tmp_path):
-    report = audit(weak_tasks.helper_task(tmp_path / "task"), canaries=["returns_huge", "rewrite_evaluator"])
-    assert verdicts(report) == {"reference": OK, "reference_again": OK, "returns_huge": BEATS_HONESTY,
-                                "rewrite_evaluator": OK}
+def test_a_helper_the_evaluator_imports_is_the_tasks_own_unless_declared_and_then_it_is_caught(tmp_path):
+    """The task's description names strategy.py: that is its submission, and the evaluator imports the task's own
+    scoring.py whatever the agent writes there. Declared as submitted too, the helper is the agent's to rewrite,
+    and the audit catches it."""
+    spec = weak_tasks.helper_task(tmp_path / "task")
+    report = audit(spec, canaries=["returns_huge", "rewrite_evaluator"])
+    assert verdicts(report) == {"reference": OK, "reference_again": OK, "returns_huge": OK, "rewrite_evaluator": OK}
+    report = audit(spec.replace(submission_files=["strategy.py", "scoring.py"]), canaries=["returns_huge"])
+    assert verdicts(report) == {"reference": OK, "reference_again": OK, "returns_huge": BEATS_HONESTY}
 
 
 class PaysEveryValidate:
