@@ -5,8 +5,8 @@ an MAE comes out at -291,281; a weight column the submission sets scales an accu
 measurement of the task, so it is an invalid submission, never paid. A task declares its bounds in ``best_score``
 (``{rmse: 0, r2: 1}``); our overlay does for MLGym's tasks (``tasks.mlgym_overlay.BEST_SCORES``).
 
-Which side of the bound is "past" comes from an honest value of the same metric: the task's baseline, else its worst
-score. Above the bound they make it a lower bound (rmse >= 0), below it an upper bound (accuracy <= 1); without one,
+Which side of the bound is "past" comes from an honest value of the same metric: the task's worst score, else its
+baseline. Above the bound they make it a lower bound (rmse >= 0), below it an upper bound (accuracy <= 1); without one,
 the task's metric direction decides for the metric it is rewarded on, and a metric of no known direction is not
 checked.
 """
@@ -52,9 +52,9 @@ def past_best_message(metrics: Any, spec: Any) -> str | None:
 
 
 def _minimised(name: str, bound: float, metrics: Mapping[str, Any], spec: Any) -> bool | None:
-    """Whether ``name`` is minimised, read from an honest value of it beside ``bound`` (see the module's docstring);
-    None when nothing tells."""
-    for reference in (spec_baseline(spec) or {}, getattr(spec, "worst_score", None) or {}):
+    """Whether ``name`` is minimised, read from an honest value of it beside ``bound`` (see the module's docstring):
+    the worst score first (a floor is never past the best value), then the baseline; None when nothing tells."""
+    for reference in (getattr(spec, "worst_score", None) or {}, spec_baseline(spec) or {}):
         key = find_metric(name, reference)
         value = _number(reference.get(key)) if key is not None else None
         if value is not None and value != bound:
