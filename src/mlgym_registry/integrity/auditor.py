@@ -140,7 +140,9 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
     suite = suite_for(spec, registry, report.notes)
     wanted = set(canaries) if canaries is not None else None
     if wanted is not None:
-        unknown = wanted - {c.name for c in suite}
+        from .metamorphic import may_build
+
+        unknown = {name for name in wanted - {c.name for c in suite} if not may_build(name)}
         if unknown:
             from ..errors import MLGymRegistryError, with_suggestions
 
@@ -155,7 +157,9 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
     try:
         parser = registry.component(spec, "parser")
         played: dict[str, Played] = {}
-        for canary in suite:
+        queue = list(suite)
+        while queue:
+            canary = queue.pop(0)
             if canary.limits not in envs:
                 envs[canary.limits] = _make_env(registry, spec, canary.limits, played, steps, make_options,
                                                 report.notes)
@@ -165,12 +169,36 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
             report.results.append(result)
             if on_result is not None:
                 on_result(result)
+            if canary.name == "reference":
+                built = [c for c in built_from_reference(spec, played[canary.name], report.notes)
+                         if wanted is None or c.name in wanted]
+                at = sum(1 for c in queue if c.family == "reference")  # after the other references
+                queue[at:at] = built
         _check_leaks(report, played, spec)
     finally:
         for env in envs.values():
             env.close()
     report.seconds = time.monotonic() - started
     return report
+
+
+def built_from_reference(spec: TaskSpec, reference: Played, notes: list[str]) -> list[Canary]:
+    """The metamorphic canaries of a CSV task (``metamorphic.py``), built from what its honest reference submitted
+    and the task's answers; [] for other tasks, or when they cannot be read."""
+    from .canaries import score_line, task_shape
+    from .metamorphic import known, metamorphic_canaries
+
+    files = reference.files
+    if "submission" not in files or "answers" not in files:
+        return []
+    shape = task_shape(spec)
+    data = known(shape, files["submission"], files["answers"],
+                 [text for key, text in files.items() if key.startswith("other:")])
+    if data is None:
+        notes.append("no metamorphic canaries: the reference's submission and the answers share no id and answer "
+                     "columns the audit could read")
+        return []
+    return metamorphic_canaries(shape, data, score_line(shape))
 
 
 def suite_for(spec: TaskSpec, registry: Any, notes: list[str]) -> list[Canary]:

@@ -59,6 +59,11 @@ class Played:
     submitted: list[str] = field(default_factory=list)
     """Played with ``trace``: the declared submission's paths, and the cells and lines of its files as the last
     evaluation found them, to tell what the evaluator ran of them."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Played with ``trace``, for a CSV task: the text of its submission (``submission``), of its answers
+    (``answers``: the schema's ``rows_from``, else a secret CSV file, from the task's own copy) and of the other CSV
+    files of the workspace (``other:<path>``), as the last evaluation found them: what metamorphic canaries start
+    from."""
 
     @property
     def scores(self) -> list[dict[str, float]]:
@@ -145,3 +150,42 @@ def _keep_trace(played: Played, backend: Any) -> None:
             for line in text.splitlines():
                 pieces.update(piece.strip() for piece in (line, *line.split(",")) if piece.strip())
     played.submitted = sorted(pieces)
+    played.files = _csv_files(backend)
+
+
+def _csv_files(backend: Any) -> dict[str, str]:
+    """The submission, the answers and the workspace's other CSV files of a CSV task, as text (see ``files``)."""
+    from ..submissions import submission_schema
+
+    spec = backend.spec
+    if spec.task_entrypoint != "CSVSubmissionTasks":
+        return {}
+    schema = submission_schema(spec)
+    submission = schema.file if schema is not None else "submission.csv"
+    answers = schema.rows_from if schema is not None and schema.rows_from else next(
+        (s for s in spec.secret_files if s.endswith(".csv")), None)
+    found: dict[str, str] = {}
+    for key, path in (("submission", backend.host_workspace / submission),
+                      ("answers", backend.task_file(answers) if answers else None)):
+        text = _read(path)
+        if text is not None:
+            found[key] = text
+    others = sorted(p for p in backend.host_workspace.rglob("*.csv")
+                    if p.is_file() and not p.is_symlink() and p != backend.host_workspace / submission)
+    for path in others[:MAX_OTHER_FILES]:
+        text = _read(path)
+        if text is not None:
+            found[f"other:{path.relative_to(backend.host_workspace)}"] = text
+    return found
+
+
+MAX_OTHER_FILES = 16
+
+
+def _read(path: Any) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_SUBMITTED_BYTES + 1)
+    except (OSError, TypeError):
+        return None
+    return data.decode("utf-8", "replace") if len(data) <= MAX_SUBMITTED_BYTES else None

@@ -444,6 +444,18 @@ class LocalBackend:
         return observations.scored(info, action, metrics, submission, baseline=baseline,
                                    artefact_exists=artefact_exists)
 
+    def task_file(self, relative: str) -> Path | None:
+        """The host path of the task's own copy of the workspace file ``relative`` (a starter, evaluation, protected,
+        data or secret file, also one inside a folder the task puts back whole), for trusted tooling (the audit);
+        None when ``relative`` is none of the task's."""
+        for files in (self._files.pristine, self._files.task_files):
+            for key, source in files.items():
+                if relative == key:
+                    return Path(source)
+                if relative.startswith(key.rstrip("/") + "/") and Path(source).is_dir():
+                    return Path(source) / relative[len(key.rstrip("/")) + 1:]
+        return None
+
     def foreign_inputs(self, opened: list[str]) -> list[str]:
         """The paths of ``opened`` (a trace's, ``last_evaluation_trace["opened"]``) that are neither the task's own
         files (a starter, evaluation, protected, data or secret file, or a folder above one) nor the declared

@@ -1,0 +1,52 @@
+"""Metamorphic canaries: the reference's own submission transformed with what the audit knows of the answers. Each
+weak evaluator below pays a transformation that can never raise an honest evaluator's score, and the canary that
+plays it is named in the verdict; the honest evaluator pays none of them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlgym_registry.errors import MLGymRegistryError
+from mlgym_registry.integrity import audit
+from mlgym_registry.integrity.auditor import BEATS_HONESTY, OK
+from mlgym_registry.integrity.metamorphic import NAMES
+
+sys.path.insert(0, str(Path(__file__).parent))
+import weak_tasks  # noqa: E402 - the tasks of this folder
+
+pytestmark = pytest.mark.slow
+
+
+def verdicts(report) -> dict[str, str]:
+    return {result.canary.name: result.verdict for result in report.results}
+
+
+@pytest.mark.parametrize("evaluator, baseline, canary", [
+    (weak_tasks.DROPS_NAN, weak_tasks.BASELINE, "nan_wrong_rows"),
+    (weak_tasks.CONFIDENCE_WEIGHTED, weak_tasks.CONFIDENCE_BASELINE, "zero_weight_wrong_rows_confidence"),
+    (weak_tasks.JOINS_ANY_MATCH, weak_tasks.BASELINE, "every_answer_for_wrong_rows"),
+    (weak_tasks.SCORES_TRAINING_IDS, weak_tasks.BASELINE, "ids_from_task_files"),
+    (weak_tasks.PARSES_ITS_REPORT, weak_tasks.BASELINE, "answers_like_the_score_line"),
+], ids=["nanmean", "confidence-weights", "join-any-match", "training-ids-scored", "score-parsed-from-report"])
+def test_each_weak_evaluator_pays_the_transformation_that_names_its_hole(tmp_path, evaluator, baseline, canary):
+    spec = weak_tasks.csv_task(tmp_path / "task", evaluator, "weakMetamorphic", baseline)
+    report = audit(spec, canaries=[canary])
+    assert verdicts(report) == {"reference": OK, "reference_again": OK, canary: BEATS_HONESTY}, report.table()
+
+
+def test_the_honest_evaluator_pays_no_transformation(tmp_path):
+    spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "honestMetamorphic")
+    report = audit(spec, canaries=[*NAMES, "integer_9223372036854775807_on_wrong_rows"])
+    played = verdicts(report)
+    assert {"hide_wrong_rows", "nan_wrong_rows", "every_answer_for_wrong_rows", "ids_from_task_files",
+            "answers_like_code", "integer_9223372036854775807_on_wrong_rows"} <= set(played)
+    assert report.ok, report.table()
+
+
+def test_a_canary_name_that_no_set_can_build_is_refused(tmp_path):
+    spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "honestNames")
+    with pytest.raises(MLGymRegistryError, match="no canary 'hide_wrong_row'"):
+        audit(spec, canaries=["hide_wrong_row"])
