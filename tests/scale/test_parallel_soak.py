@@ -19,7 +19,7 @@ from conftest import run_cli
 from mlgym_registry import registry
 from mlgym_registry.scale.frame_receiver import FrameReceiver, is_infra_failure
 from mlgym_registry.scale.frames import TURN, EnvJob, play_env
-from mlgym_registry.scale.runs import episode_run
+from mlgym_registry.scale.run_plan import episode_run
 
 TASK = "prisonersDilemma"
 SOAK_ENVS = 32

@@ -19,7 +19,7 @@ from ..episodes.episode import EpisodeResult
 from ..records.recorder import replay
 from ..records.trajectories import TrajectoryWriter
 from .frames import END, START, TURN, WARNING, Frame
-from .runs import EpisodeRun
+from .run_plan import EpisodeRun
 
 INFRA_PREFIX = f"{INFRA_ERROR}: "
 """How the ``failure`` of an episode the infrastructure lost begins (not the agent's outcome: never scored)."""

@@ -20,7 +20,7 @@ from ..episodes.episode import EpisodeResult
 from ..machine import usable_cores
 from .frame_receiver import FrameReceiver
 from .frames import JOB_END, EnvJob, play_envs
-from .runs import EpisodeRun
+from .run_plan import EpisodeRun
 
 WAIT = 0.5
 """Seconds the pool's queue is waited on at a time."""

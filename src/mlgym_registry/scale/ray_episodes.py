@@ -27,7 +27,7 @@ from ..episodes.episode import EpisodePlayer, EpisodeResult, Turn
 from ..records.recorder import Call, CallRecorder, replay
 from ..records.trajectories import TrajectoryWriter
 from ..specs import TaskSpec
-from .runs import EpisodeRun
+from .run_plan import EpisodeRun
 
 SWEEP_WAIT = 10.0
 """Seconds a clean-up task waits for killed actors' processes to exit before removing their folders."""
