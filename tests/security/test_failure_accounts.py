@@ -81,13 +81,16 @@ def test_the_env_over_its_fair_share_owns_a_full_shared_disk(mini_spec, small_di
         filler = open_backend(mini_spec, workspace_dir=str(small_disk))
     neighbour = open_backend(mini_spec, workspace_dir=str(small_disk))
     try:
-        assert filler._disk.limit_mb <= 96 and neighbour._disk.limit_mb <= 48
+        # the first env's quota is the whole disk until the second comes, then both have half of it
+        assert filler._disk.limit_mb <= 48 and neighbour._disk.limit_mb <= 48
         write_file(filler, "strategy.py", POOR)
         filler.communicate(FILL, timeout_duration=120)
         observation, state = validate_status(filler)
         assert state in ("invalid_submission", "agent_error"), observation  # its failure: the floor
+        # never charged to the honest neighbour: scored when the disk guard stopped the filler at its share in time,
+        # else the host's failure (the disk is full), never paid
         observation, state = validate_status(neighbour)
-        assert state == "infra_error", observation  # the host's: never charged to the honest neighbour
+        assert state in ("ok", "infra_error"), observation
     finally:
         filler.close()
         neighbour.close()

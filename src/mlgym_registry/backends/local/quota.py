@@ -14,10 +14,11 @@ than the quota, within a second or so of their going over it; a command cannot w
 Envs share a disk. Each is given, at admission (``make``), at most its fair share of it: the disk's free space then,
 divided among the live envs whose folders are in the same ``workspace_dir`` (this one included, in any process); a
 quota larger than that is lowered to it, with a warning, and an env whose share is under ``MIN_SHARE_MB`` is refused
-(``DiskShareTooSmall``): summed quotas never promise more than the disk has. When an evaluation finds the disk full,
-whose failure it is comes from the env's own account: an env whose files take more than its quota or its fair share
-now (its free space at admission divided among the envs sharing the disk now) filled it, its failure; an env within
-both did not: someone else filled the disk, the host's failure, ``infra_error``.
+(``DiskShareTooSmall``). As envs come, an earlier env's quota shrinks to its fair share now (its free space at
+admission divided among the envs sharing the disk now: ``effective``), for the disk guard and every evaluation alike,
+so summed quotas never promise more than the disk had. When an evaluation finds the disk full, whose failure it is
+comes from the env's own account: an env whose files take more than that quota filled it, its failure; an env
+within it did not: someone else filled the disk, the host's failure, ``infra_error``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ workspace, one in its copy) and this much more."""
 
 MIN_SHARE_MB = 16
 """The least disk an env is admitted with (its workspace, task files and an evaluation's copy of them)."""
+
+SHARE_PERIOD = 5.0
+"""The longest ``DiskQuota.fair_share`` goes without counting the envs that share the disk again."""
 
 ENV_FOLDER_PREFIX = "mlgym-registry-"
 OWNER_FILE = "owner.pid"
@@ -109,6 +113,7 @@ class DiskQuota:
     _free_then: int | None = field(default=None, repr=False)
     _room: int = field(default=0, repr=False)
     _next_walk: float = field(default=0.0, repr=False)
+    _share: tuple[float, int | None] = field(default=(-SHARE_PERIOD, None), repr=False)
 
     def __post_init__(self) -> None:
         self.admit()
@@ -118,12 +123,22 @@ class DiskQuota:
         """Where the env's folder and those of the envs sharing its disk are (its ``workspace_dir``)."""
         return self.workspace.parent.parent
 
-    def fair_share(self) -> int | None:
+    def fair_share(self, fresh: bool = True) -> int | None:
         """The env's fair share of its disk now: its free space at admission divided among the envs sharing the
-        disk now (None when the free space could not be told)."""
+        disk now (None when the free space could not be told). ``fresh=False`` (the disk guard's twice a second)
+        counts the envs again at most every ``SHARE_PERIOD`` seconds."""
         if self.admitted_free is None:
             return None
-        return self.admitted_free // sharing_envs(self.env_folders)
+        now = time.monotonic()
+        if fresh or now - self._share[0] >= SHARE_PERIOD:
+            self._share = (now, self.admitted_free // sharing_envs(self.env_folders))
+        return self._share[1]
+
+    def effective(self, fresh: bool = True) -> int:
+        """The env's quota now: ``limit``, or its fair share of the disk when envs that came since made that smaller
+        (so that the quotas of the envs on a disk never add up to more than it had free)."""
+        share = self.fair_share(fresh)
+        return self.limit if share is None else min(self.limit, share)
 
     def admit(self) -> None:
         """Give the env at most its fair share of the disk: lower ``limit`` to it with a warning, or refuse the env
@@ -142,16 +157,16 @@ class DiskQuota:
         if str(self.env_folders) not in _LOWERED:  # once per folder and process: every env there is lowered alike
             _LOWERED.add(str(self.env_folders))
             warnings.warn(f"local backend: {where}: this env's disk quota (max_disk_mb) is lowered from "
-                          f"{self.limit_mb} to {share >> 20} MB (and so is any other env's made there whose share is "
-                          "smaller than its quota), so that the envs' quotas never promise more than the disk has; "
+                          f"{self.limit >> 20} to {share >> 20} MB (and so is any other env's made there whose share "
+                          "is smaller than its quota), so that the envs' quotas never promise more than the disk has; "
                           "give workspace_dir more room, or run fewer envs on it, for more", RuntimeWarning,
                           stacklevel=4)
         self.limit = share
 
     @property
     def limit_mb(self) -> int:
-        """The quota in MB (as ``max_disk_mb`` states it)."""
-        return self.limit >> 20
+        """The quota now in MB (``effective``)."""
+        return self.effective() >> 20
 
     def record_task_files(self, relatives: list[str]) -> None:
         """Measure the task's own paths in the workspace (after a reset filled it): they are not the agent's."""
@@ -168,7 +183,7 @@ class DiskQuota:
         agent added to the task's paths fit in the quota. Measuring the task's paths stops at ``deadline``
         (``CopyTimeout``) and at folders nested deeper than a copy allows (``TooLarge``)."""
         budget = trees.CopyBudget(max_files=None, deadline=deadline)  # a dataset's files are not the copy's
-        return max(0, (self.limit - self.added_to_task_files(budget) - self.outside_usage()) // 2)
+        return max(0, (self.effective() - self.added_to_task_files(budget) - self.outside_usage()) // 2)
 
     def usage(self) -> int:
         """What the agent's files in the workspace take now: all of it but the task's files as they were at reset
@@ -190,8 +205,7 @@ class DiskQuota:
         fair share of the disk now (``fair_share``): a write that found the disk full was then the agent's doing.
         False when that cannot be measured (this process is out of descriptors or memory, the disk fails): nothing
         then shows that the agent is to blame."""
-        share = self.fair_share()
-        bound = self.limit if share is None else min(self.limit, share)
+        bound = self.effective()
         try:
             with self.lock:
                 added = self.workspace_usage()  # the task's paths, added to or not, are never copied:
@@ -222,7 +236,7 @@ class DiskQuota:
             took = time.monotonic() - started
         finally:
             self.lock.release()
-        bound = max(self.limit, self.stopped_at)
+        bound = max(self.effective(fresh=False), self.stopped_at)
         self._free_then, self._room = free, max(0, bound - usage)
         self._next_walk = now + max(WALK_PERIOD, 100 * took)  # the walks take at most about 1% of a core
         if usage <= bound:
