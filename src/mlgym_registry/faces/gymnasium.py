@@ -3,7 +3,7 @@
 ``MLGymRegistryEnv`` drives the very env ``registry.make`` builds (the same components, backend, format-error rule,
 rewards and seeding) with text: an action is a model's whole answer, which the task's parser and isolator turn into a
 command exactly as in the TorchRL chain, and an observation is the next user message the chain's template made
-(the command's output, the state line, or the format-error message). ``gym_registration`` registers the ids.
+(the command's output, the state line, or the format-error message). ``gymnasium_registration`` registers the ids.
 """
 
 from __future__ import annotations
