@@ -154,17 +154,22 @@ def reference_of(obj: Any) -> str | None:
     return None
 
 
+def task_line(data: dict[str, Any]) -> str:
+    """A task file's one-line description from its mapping: its ``summary``, else its ``name``, else its ``id``."""
+    text = str(data.get("summary") or data.get("name") or data.get("id") or "").strip()
+    return text.splitlines()[0] if text else ""
+
+
 def task_file_line(path: str | Path) -> str:
-    """A task file's one-line description (its ``summary``, else its ``name``, else its ``id``), read without loading
-    the task; ``""`` when the file cannot be read (``info`` and ``make`` report why)."""
+    """``task_line`` of the task file ``path``, read without loading the task; ``""`` when the file cannot be read
+    (``info`` and ``make`` report why)."""
     import yaml
 
-    from .tasks.plugin import one_line, task_header
-
     try:
-        return one_line(task_header(Path(path)))
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError, yaml.YAMLError):
         return ""
+    return task_line(data) if isinstance(data, dict) else ""
 
 
 def is_task_file(target: Any) -> bool:

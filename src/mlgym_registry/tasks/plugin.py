@@ -9,6 +9,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from ..entries import task_line
 from ..hookspecs import hookimpl
 from .suite import TASKS_DIR, load_suite_task
 
@@ -23,16 +24,10 @@ def task_header(path: Path) -> dict[str, Any]:
     return data
 
 
-def one_line(data: dict[str, Any]) -> str:
-    """The task's one-line description: its ``summary``, else its ``name``."""
-    text = str(data.get("summary") or data.get("name") or data["id"]).strip()
-    return text.splitlines()[0] if text else ""
-
-
 @hookimpl
 def register_tasks(register):
     for path in sorted(TASKS_DIR.glob("*.yaml")):
         data = task_header(path)
         # plain task files stay lazy path references; files with a prepare step load through it
         target: Any = functools.partial(load_suite_task, str(path)) if data.get("prepare") else str(path)
-        register(str(data["id"]), target, description=one_line(data))
+        register(str(data["id"]), target, description=task_line(data))
