@@ -388,17 +388,21 @@ def test_score_delta_pays_every_validate_and_best_improvement_only_improvements(
     delta = [registry.get("reward", "mlgym_score_delta")(o, i, PD) for o, i in steps]
     best = [registry.get("reward", "mlgym_best_improvement")(o, i, PD) for o, i in steps]
     assert delta == pytest.approx([2.4 - base, 2.4 - base, 0.0, 2.4 - base, 2.6 - base, 2.5 - base, 2.5 - base])
-    assert best == pytest.approx([2.4 - base, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0])
-    assert sum(best) == pytest.approx(2.6 - base)  # the best score minus the baseline, however often it validated
+    assert best == pytest.approx([2.4 - base, 0.0, 0.0, 0.0, 0.2, 0.0, -0.1])
+    # the submission's score minus the baseline, however often and however well it validated before
+    assert sum(best) == pytest.approx(2.5 - base)
 
 
-def test_best_improvement_pays_the_floor_only_before_any_score():
+def test_best_improvement_pays_the_floor_before_any_score_and_an_ending_failure_brings_the_total_to_it():
     assigner = registry.get("reward", "mlgym_best_improvement")
     floor = failure_reward(PD)
+    scored = 2.4 - 2.3716301918029785
     assert assigner("", evaluated("agent_error", []), PD) == pytest.approx(floor)
-    assert assigner("", evaluated("agent_error", [{"Score": 2.4}]), PD) == 0.0
+    assert assigner("", evaluated("agent_error", [{"Score": 2.4}]), PD) == 0.0  # a failed validate: the best stays
     assert assigner("Exited (exit_forfeit)", info("exit_forfeit", []), PD) == pytest.approx(floor)
-    assert assigner("Exited (exit_forfeit)", info("exit_forfeit", [{"Score": 2.4}]), PD) == 0.0
+    # the episode ends without a scored submission: its total is the floor, whatever it validated before
+    ended = assigner("Exited (exit_forfeit)", info("exit_forfeit", [{"Score": 2.4}]), PD)
+    assert ended == pytest.approx(floor - scored)
 
 
 @pytest.mark.parametrize("name", ["mlgym_score_delta", "mlgym_best_improvement"])

@@ -45,8 +45,9 @@ def register_reward_assigners(register):
              farmable=True)  # documented: the integrity audit reports its farming, and does not fail a task on it
     register("mlgym_best_improvement", f"{_PKG}.rewards:BestImprovementReward",
              description="Pays only improvements of the episode's best score (the first score pays score minus "
-                         "baseline): an episode sums to its best score minus the baseline however often it "
-                         "validates; failures pay the task's floor. The reward to train on.")
+                         "baseline), and the submission takes the total to its own score: an episode sums to its "
+                         "submission's score minus the baseline however often it validates; failures pay the task's "
+                         "floor. The reward to train on.")
 
 
 @hookimpl

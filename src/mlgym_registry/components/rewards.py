@@ -112,12 +112,15 @@ class BestImprovementReward:
     episode's first outcome pays itself, each later one how much it raised the best outcome so far (0 when it did
     not).
 
-    An episode's rewards therefore add up to its best outcome: its best score minus the baseline, or the floor when
-    nothing scored, however often it validates or fails on the way: validating is never worth more than improving,
-    and an honest attempt that fails first never ends below an episode that tried nothing. An episode the env ends
-    without an evaluation (its turn cap, ``max_turns``) and that has no outcome yet pays the floor then, as one that
-    ends without a scored submission does, so doing nothing is never worth more than trying. Scores are read and
-    clipped as in ``ScoreDeltaReward``; an ``infra_error`` pays 0.
+    The outcome that ends the episode (the submission, an autosubmission, a failed submit) is final: it pays what
+    takes the episode's total to its own value, below the best so far too. An episode's rewards therefore add up to
+    its final outcome: its submission's score minus the baseline, or the floor when the submission failed, however
+    often it validated or failed on the way: validating is never worth more than improving, and on a task whose
+    validate scores other rows than submit (``mlgym_registry.held_out``) the total is the score of the rows validate
+    never saw. An honest attempt that fails first never ends below an episode that tried nothing. An episode the env
+    cuts without an evaluation (its turn cap, ``max_turns``) ends at its best outcome so far, or the floor when it has
+    none, as one that ends without a scored submission does, so doing nothing is never worth more than trying.
+    Scores are read and clipped as in ``ScoreDeltaReward``; an ``infra_error`` pays 0.
     """
 
     def __call__(self, observation: str | None, info: Mapping[str, Any] | None, spec: Any = None) -> float:
@@ -129,10 +132,12 @@ class BestImprovementReward:
         best = max((honest_reward(m, spec, floor=floor) for m in outcome.earlier), default=None)
         if best is None and outcome.failed_before:
             best = floor
-        if outcome.kind == "scored":
-            value = honest_reward(outcome.metrics or {}, spec, outcome.baseline, floor)
-            return value if best is None else max(0.0, value - best)
-        return floor if best is None else 0.0
+        final = outcome.kind != "cut" and bool((info or {}).get("exit_status"))
+        value = floor if outcome.kind != "scored" else honest_reward(outcome.metrics or {}, spec, outcome.baseline,
+                                                                      floor)
+        if best is None:
+            return value
+        return value - best if final else max(0.0, value - best)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

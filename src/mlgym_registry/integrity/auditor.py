@@ -3,7 +3,7 @@
 ``audit(task)`` plays the canary sets registered for the audit (the package's, any plugin's) and the task's own
 ``canaries:``, all in the env's sandbox with the task's pristine evaluator; then, for every reward it covers, compares
 each canary's episode reward with the honest reference (the baseline's episode), the floor (what a failed evaluation
-pays) or the reward's promise (farming: an episode sums to its best score minus the baseline). The report's
+pays) or the reward's promise (farming: an episode sums to no more than its best score minus the baseline). The report's
 ``gap`` is, per reward, the best reward any canary reached minus the honest reference (0 when nothing beats honesty).
 """
 
