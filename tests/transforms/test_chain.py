@@ -254,8 +254,9 @@ def test_prisoners_dilemma_on_the_local_backend():
         nxt, td = step(env, td, fenced("submit"))
         info = env.base_env.last_info
         assert nxt["done"].item() and info["exit_status"] == "submitted"
-        # the default reward (mlgym_best_improvement) pays the submission only what it adds to the best score
-        assert nxt["reward"].item() == pytest.approx(max(0.0, info["score"][-1]["Score"] - validated), abs=1e-5)
+        # the default reward (mlgym_best_improvement): the submission is final, it takes the episode's total to its
+        # own score minus the baseline
+        assert nxt["reward"].item() == pytest.approx(info["score"][-1]["Score"] - validated, abs=1e-5)
     finally:
         env.close()
 
