@@ -76,10 +76,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:  # a task YAML file given by its path
         registration = {"name": args.name, "kind": "task", "source": spec.source or args.name}
     components = {kind: registry.entry(kind, getattr(spec, kind)).info().to_dict() for kind in spec.components}
-    from .integrity.report import integrity_status
+    from .integrity.report import card_summary, integrity_status
 
+    card = card_summary(spec)
     print(_dump({"task": spec.to_dict(), "registration": registration, "components": components,
-                 "integrity": integrity_status(spec)}, args.json))
+                 "integrity": integrity_status(spec), **({"integrity_card": card} if card else {})}, args.json))
     return 0
 
 

@@ -167,6 +167,14 @@ def test_the_command_prints_the_table_exits_one_and_list_and_info_mark_the_task(
     assert "header_only" in done.stdout and "BEATS HONESTY" in done.stdout and "gameability gap" in done.stdout
     info = run_cli("info", str(weak), "--json", env=env)
     assert json.loads(info.stdout)["integrity"] == "FAILED (header_only (BEATS HONESTY))"
+    card = json.loads(info.stdout)["integrity_card"]  # the card's summary, and where the whole card is
+    assert card["verdict"] == "FAILED (header_only (BEATS HONESTY))" and card["canaries"] == 3
+    assert card["reward"]["floor_margin"][BEST] == pytest.approx(card["reward"]["honest"][BEST]
+                                                                 - card["reward"]["floor"][BEST])
+    whole = json.loads(Path(card["card"]).read_text())
+    assert whole["capabilities"]["canaries"] == ["reference", "reference_again", "header_only"]
+    assert whole["task_hash"] == card["task_hash"] and whole["package_version"] and whole["card_version"] == 1
+    assert {c["name"]: c["verdict"] for c in whole["canaries"]}["header_only"] == "BEATS HONESTY"
     shown = run_cli("info", str(weak), env=env)
     assert "integrity: FAILED (header_only (BEATS HONESTY))" in shown.stdout.splitlines()
 

@@ -58,15 +58,57 @@ def results_folder() -> Path:
     return cache_dir() / RESULTS_FOLDER
 
 
+CARD_VERSION = 1
+"""The version of the integrity card's layout (``integrity_card``); a new key keeps it, a changed meaning raises it."""
+
+
+def integrity_card(report: Any) -> dict[str, Any]:
+    """The task's integrity card: what was audited (the task's hash, the package's version, the card's), every
+    canary run with its verdict and episode rewards, the honest reference and the floor per reward, the gap, and
+    the failures with their details. Its ``reward`` and ``capabilities`` keys use the words of OpenEnv's manifest
+    (``reward.floor_margin``: how far the honest reference lies above the floor; ``capabilities.canaries``: the
+    canaries the task was audited with)."""
+    from .._version import __version__
+
+    failures = [f"{r.canary.name} ({r.verdict})" for r in report.failures]
+    return {
+        "card_version": CARD_VERSION,
+        "task": report.task,
+        "name": report.name or report.task,
+        "task_hash": report.task_hash,
+        "package_version": __version__,
+        "ok": report.ok,
+        "verdict": "ok" if report.ok else f"FAILED ({', '.join(failures)})",
+        "failures": failures,
+        "reward": {
+            "audited": list(report.rewards),
+            "honest": dict(report.honest),
+            "floor": dict(report.floor),
+            "floor_margin": {name: report.honest[name] - report.floor[name] for name in report.rewards
+                             if name in report.honest and name in report.floor},
+            "gap": dict(report.gap),
+        },
+        "capabilities": {"canaries": [r.canary.name for r in report.results]},
+        "canaries": [{"name": r.canary.name, "family": r.canary.family, "source": r.canary.source,
+                      "bound": r.canary.bound, "verdict": r.verdict, "rewards": dict(r.rewards),
+                      **({"detail": r.detail} if r.detail else {})} for r in report.results],
+        "notes": list(report.notes),
+        "seconds": round(report.seconds, 1),
+    }
+
+
 def save_result(report: Any) -> Path:
-    """Keep ``report`` as the task's last audit (what ``list`` and ``info`` show)."""
+    """Keep ``report``'s integrity card (``integrity_card``) as the task's last audit (what ``list`` and ``info``
+    show); its path."""
     folder = results_folder()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{_file_name(report.name or report.task)}.json"
-    summary = {"task": report.task, "task_hash": report.task_hash, "ok": report.ok, "gap": report.gap,
-               "failures": [f"{r.canary.name} ({r.verdict})" for r in report.failures]}
-    path.write_text(json.dumps(summary, indent=2))
+    path.write_text(json.dumps(integrity_card(report), indent=2, default=_json_number))
     return path
+
+
+def _json_number(value: Any) -> Any:
+    return str(value)
 
 
 def has_result(task: str) -> bool:
@@ -84,6 +126,19 @@ def last_result(spec: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("task_hash") == task_hash(spec) else None
+
+
+def card_summary(spec: Any) -> dict[str, Any] | None:
+    """What ``info`` shows of the task's integrity card (the last audit of the task as it is now): its verdict, what
+    was audited and the rewards' honest reference, floor, margin and gap, and where the whole card is; None when
+    the task as it is now was not audited."""
+    card = last_result(spec)
+    if card is None:
+        return None
+    keep = ("verdict", "task_hash", "package_version", "card_version", "reward")
+    return {**{key: card[key] for key in keep if key in card},
+            "canaries": len((card.get("capabilities") or {}).get("canaries") or []),
+            "card": str(results_folder() / f"{_file_name(str(spec.registered_as or spec.id))}.json")}
 
 
 def integrity_status(spec: Any) -> str:
