@@ -50,3 +50,13 @@ def test_a_canary_name_that_no_set_can_build_is_refused(tmp_path):
     spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "honestNames")
     with pytest.raises(MLGymRegistryError, match="no canary 'hide_wrong_row'"):
         audit(spec, canaries=["hide_wrong_row"])
+
+
+def test_what_validating_could_teach_pays_nothing_at_submission_unless_validate_scores_the_same_rows():
+    """houseRegression's validate scores other rows than submit: the true answers of the rows validate scores, which
+    single-flip validates could learn, raise nothing. Scored on every row, as MLGym does, validate is an oracle, and
+    the same canary beats honesty."""
+    held_out = audit("houseRegression", canaries=["answers_learnt_by_validating"])
+    assert verdicts(held_out)["answers_learnt_by_validating"] == OK, held_out.table()
+    every_row = audit("houseRegression", canaries=["answers_learnt_by_validating"], validation_rows="all")
+    assert verdicts(every_row)["answers_learnt_by_validating"] == BEATS_HONESTY, every_row.table()

@@ -198,7 +198,7 @@ def built_from_reference(spec: TaskSpec, reference: Played, notes: list[str]) ->
         notes.append("no metamorphic canaries: the reference's submission and the answers share no id and answer "
                      "columns the audit could read")
         return []
-    return metamorphic_canaries(shape, data, score_line(shape))
+    return metamorphic_canaries(shape, data, score_line(shape), reference.validate_rows)
 
 
 def suite_for(spec: TaskSpec, registry: Any, notes: list[str]) -> list[Canary]:

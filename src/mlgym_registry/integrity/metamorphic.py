@@ -17,7 +17,9 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from ..held_out import VALIDATE
 from .canaries import REFERENCE, Canary, TaskShape, write_file
 
 MAX_ROWS = 20_000
@@ -118,9 +120,10 @@ def known(shape: TaskShape, submission_text: str, answers_text: str, others: lis
     return Known(submission, id_index, answer_columns, by_id, other_rows)
 
 
-def metamorphic_canaries(shape: TaskShape, data: Known, metric_line: str) -> list[Canary]:
+def metamorphic_canaries(shape: TaskShape, data: Known, metric_line: str, split: Any = None) -> list[Canary]:
     """The canaries built from ``data`` for the CSV task of ``shape`` (``metric_line``: the evaluator's output line
-    with forged values, for answers shaped like it)."""
+    with forged values, for answers shaped like it; ``split``: the episode's ``held_out.RowSplit``, None when validate
+    scores every row)."""
     sub = data.submission
     rows = [list(row) for row in sub.rows]
     wrong = data.wrong()
@@ -161,6 +164,13 @@ def metamorphic_canaries(shape: TaskShape, data: Known, metric_line: str) -> lis
         for value in INTEGER_EXTREMES:
             canary(f"integer_{_slug(str(value))}_on_wrong_rows", f"{size} answered {value}",
                    sub.text(on_wrong(answers_set(str(value)))))
+        # what validating could teach: single-flip validates learn the answers of the rows validate scores
+        taught = {key for key in wrong if split is None or split.keeps(key, VALIDATE)}
+        if taught:
+            canary("answers_learnt_by_validating",
+                   f"the true answers of the {len(taught)} wrong rows validate scores (what probing validates learns)",
+                   sub.text([[data.answers[row[ids]].get(data.answer_columns[i], cell) if i in answer_at else cell
+                              for i, cell in enumerate(row)] if row[ids] in taught else row for row in rows]))
         canary("negated_wrong_rows", f"{size} answered with the negated honest value",
                sub.text(on_wrong(lambda row: [_negated(cell) if i in answer_at else cell
                                               for i, cell in enumerate(row)])))
@@ -210,8 +220,8 @@ def _slug(text: str) -> str:
 
 
 NAMES = ("hide_wrong_rows", "blank_wrong_rows", "nan_wrong_rows", "wrong_rows_last", "wrong_rows_twice",
-         "every_answer_for_wrong_rows", "negated_wrong_rows", "ids_from_task_files", "answers_like_the_score_line",
-         "answers_like_code")
+         "every_answer_for_wrong_rows", "answers_learnt_by_validating", "negated_wrong_rows", "ids_from_task_files",
+         "answers_like_the_score_line", "answers_like_code")
 PREFIXES = ("zero_weight_wrong_rows_", "integer_", "huge_", "negative_")
 """The names of the canaries this module builds (some end with a column's name or a value)."""
 

@@ -59,6 +59,9 @@ class Played:
     submitted: list[str] = field(default_factory=list)
     """Played with ``trace``: the declared submission's paths, and the cells and lines of its files as the last
     evaluation found them, to tell what the evaluator ran of them."""
+    validate_rows: Any = None
+    """Played with ``trace``: the episode's ``held_out.RowSplit`` (which rows validate scores), None when validate
+    scores every row."""
     files: dict[str, str] = field(default_factory=dict)
     """Played with ``trace``, for a CSV task: the text of its submission (``submission``), of its answers
     (``answers``: the schema's ``rows_from``, else a secret CSV file, from the task's own copy) and of the other CSV
@@ -151,6 +154,8 @@ def _keep_trace(played: Played, backend: Any) -> None:
                 pieces.update(piece.strip() for piece in (line, *line.split(",")) if piece.strip())
     played.submitted = sorted(pieces)
     played.files = _csv_files(backend)
+    split = backend.row_split()
+    played.validate_rows = None if split is None else split
 
 
 def _csv_files(backend: Any) -> dict[str, str]:

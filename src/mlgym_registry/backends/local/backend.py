@@ -444,6 +444,12 @@ class LocalBackend:
         return observations.scored(info, action, metrics, submission, baseline=baseline,
                                    artefact_exists=artefact_exists)
 
+    def row_split(self) -> held_out.RowSplit | None:
+        """The current episode's split of the answers' rows between validate and submit (``held_out``), for trusted
+        tooling (the audit's canary that submits what validates could teach); None when both score every row."""
+        seeds = self._episode_seeds or seeding.EpisodeSeeds.draw(None, 0)
+        return held_out.row_split(self.spec, seeds.evaluation, self.validation_rows)
+
     def task_file(self, relative: str) -> Path | None:
         """The host path of the task's own copy of the workspace file ``relative`` (a starter, evaluation, protected,
         data or secret file, also one inside a folder the task puts back whole), for trusted tooling (the audit);
