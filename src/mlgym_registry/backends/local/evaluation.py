@@ -579,10 +579,12 @@ class Evaluator:
         fds: tuple[int, ...] = ()
         if isolate:
             # the channel (see harness.Link): a sealed shared memory region, and a doorbell pipe into each process
-            memory = channel_memory()
+            memory = above_sandbox_fds(channel_memory())
             agent_wake, ring_agent = os.pipe()
             evaluator_wake, ring_evaluator = os.pipe()
+            evaluator_wake, ring_agent = above_sandbox_fds(evaluator_wake), above_sandbox_fds(ring_agent)
             runner_go, started.runner_go = os.pipe()
+            runner_go = above_sandbox_fds(runner_go)
             try:
                 started.runner = subprocess.Popen(
                     wrap([self.python, "-I", harness, "serve", "--workspace", inside(started.agent_view),
@@ -603,11 +605,13 @@ class Evaluator:
         status_write = None
         if isolate:
             started.status_read, status_write = os.pipe()
+            status_write = above_sandbox_fds(status_write)
             with contextlib.suppress(OSError):  # room for a traced report, read only once the process has ended
                 import fcntl
 
                 fcntl.fcntl(status_write, fcntl.F_SETPIPE_SZ, 1 << 20)
         go, started.go = os.pipe()
+        go = above_sandbox_fds(go)
         status_option = ["--status-fd", str(status_write)] if status_write is not None else []
         preload_option = ["--preload", ",".join(preload)] if preload else []
         command = [self.python, "-I", harness, "evaluate", "--workspace", inside(started.eval_view),
@@ -668,6 +672,22 @@ class Evaluator:
 CHANNEL_BYTES = 4 << 20
 """The shared memory between the evaluator and the agent's process: a header and an area each way (a longer message
 crosses in chunks)."""
+
+
+def above_sandbox_fds(fd: int) -> int:
+    """``fd``, moved above the descriptor the sandbox's start-up shell opens its seccomp filter on
+    (``kernel_counts.SECCOMP_FD``) when it is not already: a descriptor handed to a sandboxed process under that number
+    would be replaced by the filter (the evaluator then found no channel: an ``infra_error`` that depended on how many
+    descriptors the process held, as when an audit's second env evaluated)."""
+    import fcntl
+
+    from .kernel_counts import SECCOMP_FD
+
+    if fd > SECCOMP_FD:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, SECCOMP_FD + 1)
+    os.close(fd)
+    return moved
 
 
 def channel_memory(size: int = CHANNEL_BYTES) -> int:
