@@ -53,10 +53,9 @@ def test_scripted_agent_beats_the_baseline_of_every_game(task, tmp_path):
 
 @pytest.mark.slow
 def test_make_demo_command_in_a_fresh_process(tmp_path):
-    started = time.monotonic()
+    # no wall-clock bound here (the suite runs on loaded machines): what the demo costs is bench/'s business
     result = run_cli("run", "prisonersDilemma", "--policy", "scripted", "--seed", "0", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert time.monotonic() - started < 60
     assert "above the baseline" in result.stdout
     assert load_traj(tmp_path / "prisonersDilemma.traj").steps
 
