@@ -430,11 +430,12 @@ class Registry:
         """Make a task ready to run offline (``preparation.prepare``: its Python environment, then its data), and
         return its interpreter. ``task`` is a registered name, a task YAML file or a ``TaskSpec`` (``spec_to_prepare``),
         named in what it prints as ``prepare_label`` says."""
+        from .backends.local.data_script import run_data_script
         from .preparation import prepare
 
         spec = self.spec_to_prepare(task)
-        return prepare(spec, force=force, pip_args=pip_args, data_dir=data_dir, echo=echo,
-                       label=self.prepare_label(spec))
+        return prepare(spec, run_script=run_data_script, force=force, pip_args=pip_args, data_dir=data_dir,
+                       echo=echo, label=self.prepare_label(spec))
 
     def spec_to_prepare(self, task: TaskSpec | str | os.PathLike[str]) -> TaskSpec:
         """``task`` as ``prepare`` takes it: a ``TaskSpec`` as is, else ``spec``'s task (a registered name, or a task

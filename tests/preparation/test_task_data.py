@@ -14,6 +14,7 @@ from conftest import write
 from mlgym_registry import TaskFilesMissing
 from mlgym_registry.backends.local import LocalBackend
 from mlgym_registry.backends.local import sandbox as sandbox_mod
+from mlgym_registry.backends.local.data_script import run_data_script
 from mlgym_registry.errors import BackendUnavailable
 from mlgym_registry.preparation.datasets import DATA_ENV, data_folders, prepare_data
 from mlgym_registry.testing import check_task, run_evaluator
@@ -108,18 +109,19 @@ def test_prepare_data_makes_the_split_in_the_data_folder_and_never_in_the_checko
     import sys
 
     spec = fresh().spec("mlgym/splitTask")
-    made = prepare_data(spec, sys.executable, echo=lambda line: None)
+    made = prepare_data(spec, sys.executable, run_script=run_data_script, echo=lambda line: None)
     assert made == tmp_path / "data-folder" / "data/splitTask/data"
     assert sorted(p.name for p in made.iterdir()) == ["answer.csv", "test.csv", "train.csv"]
     assert not (checkout / "data/splitTask/data").exists()
-    assert prepare_data(spec, sys.executable, echo=lambda line: None) == made  # present: not made again
+    again = prepare_data(spec, sys.executable, run_script=run_data_script, echo=lambda line: None)
+    assert again == made  # present: not made again
 
 
 def test_the_agent_sees_the_prepared_data_less_its_answers_and_the_baseline_is_reproduced(checkout):
     import sys
 
     spec = fresh().spec("mlgym/splitTask")
-    prepare_data(spec, sys.executable, echo=lambda line: None)
+    prepare_data(spec, sys.executable, run_script=run_data_script, echo=lambda line: None)
     backend = LocalBackend(spec, seed=0)
     try:
         backend.reset()
@@ -138,7 +140,7 @@ def test_a_data_folder_wins_over_the_checkout_so_users_can_bring_real_labels(che
     import sys
 
     spec = fresh().spec("mlgym/splitTask")
-    prepare_data(spec, sys.executable, echo=lambda line: None)
+    prepare_data(spec, sys.executable, run_script=run_data_script, echo=lambda line: None)
     mine = tmp_path / "mine" / "data/splitTask/data"
     mine.mkdir(parents=True)
     for name in ("train.csv", "test.csv"):
@@ -153,7 +155,7 @@ def test_a_stated_cause_makes_a_baseline_difference_known_not_a_problem(checkout
 
     reg = fresh()
     spec = reg.spec("mlgym/splitTask")
-    prepare_data(spec, sys.executable, echo=lambda line: None)
+    prepare_data(spec, sys.executable, run_script=run_data_script, echo=lambda line: None)
     off = spec.replace(baseline_scores=[{"Error": 3.0}])
     report = check_task(off, runs=2, raise_on_failure=False)  # two runs: a spread (0 here) to judge by
     assert not report.ok and "baseline does not match: Error: recorded 3" in report.problems[0]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlgym_registry import registry
+from mlgym_registry.backends.local.data_script import run_data_script
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.preparation.datasets import prepare_data
 from mlgym_registry.trust_rules import HELD_KEY, TaskFileSettingsRefused, TaskPathRefused
@@ -228,7 +229,7 @@ def test_a_data_script_runs_in_the_sandbox_and_cannot_write_or_read_the_host(tmp
         "seen = [pathlib.Path(p).read_text() for p in (" + repr(str(token)) + ",) if os.path.exists(p)]\n"
         "pathlib.Path('../made/data.csv').write_text(repr(seen) + repr(dict(os.environ)))\n"))
     made = prepare_data(registry.spec(str(path)), sys.executable, str(tmp_path / "data-folder"),
-                        echo=lambda line: None)
+                        run_script=run_data_script, echo=lambda line: None)
     assert made == tmp_path / "data-folder" / "data" / "made"
     text = (made / "data.csv").read_text()
     assert secret not in text and not any(value in text for value in driver_secrets.values())
@@ -239,7 +240,8 @@ def test_a_data_script_cannot_hand_a_host_file_over_by_a_link(tmp_path):
     token, secret = host_token(tmp_path)
     path = recipe_task(tmp_path, f"import os\nos.makedirs('../made')\nos.symlink({str(token)!r}, '../made/key.txt')\n")
     with pytest.raises(Exception, match="its data script made links"):
-        prepare_data(registry.spec(str(path)), sys.executable, str(tmp_path / "data-folder"), echo=lambda line: None)
+        prepare_data(registry.spec(str(path)), sys.executable, str(tmp_path / "data-folder"),
+                     run_script=run_data_script, echo=lambda line: None)
     assert not (tmp_path / "data-folder" / "data" / "made").exists()
 
 
@@ -251,7 +253,8 @@ def test_a_data_recipe_stays_in_the_task_folder_and_the_data_folder(tmp_path, re
     path = task_folder(tmp_path, recipe)
     spec = registry.spec(str(path)) if key == "prepare_data.script" else None
     with pytest.raises(TaskPathRefused, match=key):
-        prepare_data(spec or registry.spec(str(path)), sys.executable, str(tmp_path / "data-folder"))
+        prepare_data(spec or registry.spec(str(path)), sys.executable, str(tmp_path / "data-folder"),
+                     run_script=run_data_script)
 
 
 def test_our_own_tasks_pass_the_same_rules():

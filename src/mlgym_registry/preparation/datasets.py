@@ -19,6 +19,8 @@ whose ``extra`` names ``data_files`` counts a place as its dataset only when it 
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,13 +149,19 @@ def data_recipe(spec: TaskSpec) -> dict[str, str] | None:
     return {"script": str(recipe["script"]), "output": str(recipe["output"])}
 
 
-def prepare_data(spec: TaskSpec, python: str, data_dir: str | None = None, *, force: bool = False,
-                 timeout: float = 3600, echo=print) -> Path | None:
+ScriptRunner = Callable[[list[str], Path, Path, str, float], "subprocess.CompletedProcess[str]"]
+"""Runs a task's data script: ``(argv, scratch, cwd, python, timeout)`` -> its finished process, text output
+(``mlgym_registry.backends.local.data_script.run_data_script``: in the local backend's sandbox)."""
+
+
+def prepare_data(spec: TaskSpec, python: str, data_dir: str | None = None, *, run_script: ScriptRunner,
+                 force: bool = False, timeout: float = 3600, echo=print) -> Path | None:
     """Make the task's data with its ``prepare_data`` recipe, into the first data folder (``data_dir``, else
     ``$MLGYM_REGISTRY_DATA``, else the default one), unless the dataset is found already (``force`` remakes it).
 
-    The script runs with ``python`` (the task's interpreter) in the local backend's sandbox (``run_sandboxed``: no
-    network, the host read-only and hidden but for the system folders and the interpreter), in a scratch copy of its
+    The script runs with ``python`` (the task's interpreter) through ``run_script``, which confines it (the local
+    backend's sandbox, ``run_data_script``: no network, the host read-only and hidden but for the system folders and
+    the interpreter), in a scratch copy of its
     folder at the same relative path as in the task's root, so that paths like ``../data`` land where they would;
     only ``output`` is kept, and only when it is plain files and folders in the scratch folder. The task's root and
     every other host file are never written to. Returns the folder made, or None when the task has no recipe.
@@ -176,7 +184,7 @@ def prepare_data(spec: TaskSpec, python: str, data_dir: str | None = None, *, fo
         folder = Path(scratch) / relative_script.parent
         shutil.copytree(script.parent, folder, symlinks=True)  # a link stays a link: the sandbox shows no host home
         echo(f"{spec.id}: making its data with {relative_script} ...")
-        done = run_sandboxed([python, script.name], Path(scratch), relative_script.parent, python, timeout)
+        done = run_script([python, script.name], Path(scratch), relative_script.parent, python, timeout)
         made = Path(scratch) / recipe["output"]
         if done.returncode != 0 or not made.exists():
             raise TaskFilesMissing(
@@ -193,29 +201,6 @@ def prepare_data(spec: TaskSpec, python: str, data_dir: str | None = None, *, fo
         os.replace(staging, target)
     echo(f"{spec.id}: data made at {target}")
     return target
-
-
-def run_sandboxed(argv: list[str], scratch: Path, cwd: Path, python: str, timeout: float):
-    """Run ``argv`` (a task's data script) in the local backend's bubblewrap sandbox: ``scratch`` is its only
-    writable folder (at the agent's workspace path, the command starting in its ``cwd``), ``python``'s installation
-    is shown read-only, there is no network and its variables are built from scratch (none of this process's).
-    ``TaskFilesMissing`` when the sandbox cannot start here; a ``CompletedProcess`` with text output otherwise."""
-    import subprocess
-
-    from ..backends.local import sandbox
-    from ..backends.local.confinement import PASSED_VARIABLES, SYSTEM_PATH
-
-    binds = [sandbox.Bind(str(scratch), sandbox.AGENT_WORKSPACE, writable=True)]
-    binds += [sandbox.Bind(root, root) for root in sandbox.python_roots(python)]
-    place = str(Path(sandbox.AGENT_WORKSPACE) / cwd)
-    env = {key: value for key, value in os.environ.items() if key in PASSED_VARIABLES}
-    env.update(PATH=os.pathsep.join([os.path.dirname(python), SYSTEM_PATH]), HOME=sandbox.AGENT_HOME, TMPDIR="/tmp")
-    try:
-        sandbox.check()
-        command = sandbox.command(argv, sandbox.SandboxSpec(binds=binds, cwd=place))
-    except sandbox.SandboxUnavailable as exc:
-        raise TaskFilesMissing(f"a task's data script runs in the sandbox, which cannot start here: {exc}") from None
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
 
 
 def refuse_links(spec: TaskSpec, made: Path, scratch: Path) -> None:
