@@ -23,7 +23,6 @@ within it did not: someone else filled the disk, the host's failure, ``infra_err
 
 from __future__ import annotations
 
-import fcntl
 import os
 import threading
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from ...errors import BackendUnavailable
 from . import trees
+from .owners import owner_lives
 
 DEFAULT_SPARE_MB = 2048
 """``max_disk_mb`` defaults to two files of the largest size a command may write (``max_file_mb``: one in the
@@ -61,24 +61,11 @@ class DiskShareTooSmall(BackendUnavailable):
 def sharing_envs(parent: Path) -> int:
     """How many live envs have their folders in ``parent`` (their owners hold the lock on ``owner.pid``; in every
     process of this machine)."""
-    count = 0
     try:
         owners = list(parent.glob(f"{ENV_FOLDER_PREFIX}*/{OWNER_FILE}"))
     except OSError:
         return 1
-    for owner in owners:
-        try:
-            fd = os.open(owner, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            count += 1  # locked: its owner lives
-        else:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+    count = sum(1 for owner in owners if owner_lives(owner))
     return max(count, 1)
 
 

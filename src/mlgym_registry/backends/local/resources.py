@@ -18,6 +18,7 @@ from pathlib import Path
 from . import cgroups, quota
 from . import limits as limits_mod
 from .evaluation import Started, force_rmtree
+from .owners import owner_lives
 from .session import ShellSession
 
 ROOT_PREFIX = quota.ENV_FOLDER_PREFIX
@@ -307,16 +308,8 @@ def sweep_orphans(parent: Path) -> None:
     except OSError:
         return
     for owner_file in candidates:
-        try:
-            fd = os.open(owner_file, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # its owner is alive
-        finally:
-            os.close(fd)
+        if owner_lives(owner_file) is not False:
+            continue  # its owner is alive, or the file is gone
         try:
             removed = force_rmtree(owner_file.parent)
         except Exception as exc:  # noqa: BLE001 - someone else's folder must not stop this env
