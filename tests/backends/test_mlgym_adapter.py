@@ -216,7 +216,8 @@ def test_registry_make_drives_the_mlgym_env(mlgym_checkout, engine, tmp_path):
     td.set(("text", "response"), "```\nsubmit\n```")
     td = env.step(td)
     assert td["next", "done"].item()
-    assert td["next", "reward"].item() == pytest.approx(2.0 - 2.0)
+    # the default reward takes the episode's total to the submission's score minus the baseline (0, from -1)
+    assert td["next", "reward"].item() == pytest.approx((2.0 - 2.0) - (1.0 - 2.0))
 
     env.close()
     assert mlgym_env.closed

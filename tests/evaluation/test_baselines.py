@@ -35,10 +35,13 @@ def test_summarise():
     assert summary == {"Score": (2.0, pytest.approx(2**0.5))}
 
 
-def test_the_script_still_runs_at_its_old_name_for_one_release():
-    """``python -m mlgym_registry.tasks.baselines`` runs the script that moved to ``evaluation``, and says so."""
-    result = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-m", "mlgym_registry.tasks.baselines",
-                             "--help"], capture_output=True, text=True, timeout=120)
+def test_the_script_runs_at_its_name_and_no_longer_at_its_old_one():
+    """``python -m mlgym_registry.evaluation.baselines`` runs the script; its old name went with the 0.1 import-path
+    shims (CHANGELOG.md)."""
+    result = subprocess.run([sys.executable, "-m", "mlgym_registry.evaluation.baselines", "--help"],
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "python -m mlgym_registry.evaluation.baselines" in result.stdout
-    assert "moved to mlgym_registry.evaluation.baselines" in result.stderr
+    old = subprocess.run([sys.executable, "-m", "mlgym_registry.tasks.baselines", "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert old.returncode != 0 and "No module named mlgym_registry.tasks.baselines" in old.stderr

@@ -33,14 +33,17 @@ def verdicts(report) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_an_honest_task_passes_every_canary_and_its_gap_is_zero(tmp_path):
-    spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "honestLabels")
+    # an honest task declares its submission, so that validate scores other rows than submit
+    spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "honestLabels",
+                               submission=weak_tasks.HONEST_SCHEMA)
     assert spec.reward == BEST  # every task's default: nothing to farm
     report = audit(spec, rewards=[BEST, "mlgym_score_delta"])  # and the reference chain's, whose farming is documented
     assert report.ok, report.table()
     assert report.gap[BEST] == 0.0
     assert {r.canary.family for r in report.results} == {"reference", "null", "degenerate", "hack", "farming",
                                                           "metamorphic"}
-    assert report.honest[BEST] == pytest.approx(0.0) and report.floor[BEST] == pytest.approx(-0.75)
+    # the reference's score is over the rows submit scores, its baseline over every row: near, not equal
+    assert abs(report.honest[BEST]) < 0.25 and report.floor[BEST] == pytest.approx(-0.75)
     results = {r.canary.name: r for r in report.results}
     assert results["nan_answers"].statuses == ["invalid_submission"] or results["nan_answers"].scores == []
     assert results["fill_the_disk"].statuses[-1] != "infra_error"  # a disk the agent filled is the agent's doing

@@ -38,11 +38,13 @@ def test_each_weak_evaluator_pays_the_transformation_that_names_its_hole(tmp_pat
 
 
 def test_the_honest_evaluator_pays_no_transformation(tmp_path):
-    spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "honestMetamorphic")
+    spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "honestMetamorphic",
+                               submission=weak_tasks.HONEST_SCHEMA)
     report = audit(spec, canaries=[*NAMES, "integer_9223372036854775807_on_wrong_rows"])
     played = verdicts(report)
     assert {"hide_wrong_rows", "nan_wrong_rows", "every_answer_for_wrong_rows", "ids_from_task_files",
-            "answers_like_code", "integer_9223372036854775807_on_wrong_rows"} <= set(played)
+            "answers_like_code", "integer_9223372036854775807_on_wrong_rows", "answers_learnt_by_validating"} \
+        <= set(played)
     assert report.ok, report.table()
 
 
@@ -60,3 +62,11 @@ def test_what_validating_could_teach_pays_nothing_at_submission_unless_validate_
     assert verdicts(held_out)["answers_learnt_by_validating"] == OK, held_out.table()
     every_row = audit("houseRegression", canaries=["answers_learnt_by_validating"], validation_rows="all")
     assert verdicts(every_row)["answers_learnt_by_validating"] == BEATS_HONESTY, every_row.table()
+
+
+def test_an_evaluator_that_scores_validate_on_the_final_rows_is_an_oracle(tmp_path):
+    """Without a declared submission, validate scores every row, as MLGym's does: what validates could teach is then
+    paid at submission, and the audit says so."""
+    spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "oracleLabels")
+    report = audit(spec, canaries=["answers_learnt_by_validating"])
+    assert verdicts(report)["answers_learnt_by_validating"] == BEATS_HONESTY, report.table()

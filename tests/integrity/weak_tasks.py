@@ -141,10 +141,17 @@ NONDETERMINISTIC = HONEST_EVALUATOR.replace(
     'import random\nprint(json.dumps({"accuracy": random.SystemRandom().random() / 100 + ')
 
 
-def csv_task(folder: Path, evaluator: str, task_id: str, baseline: str = BASELINE) -> TaskSpec:
+HONEST_SCHEMA = {"id_column": "id", "rows_from": "answers.csv",
+                 "columns": {"id": "integer", "label": {"values": [0, 1]}}}
+"""The submission an honest task declares: each id of the answers once, a label 0 or 1. With it, validate and submit
+score disjoint rows (``mlgym_registry.held_out``): validate is no oracle on the final score's rows."""
+
+
+def csv_task(folder: Path, evaluator: str, task_id: str, baseline: str = BASELINE,
+             submission: dict | None = None) -> TaskSpec:
     """A CSV-submission task in ``folder``: a test set without labels, a training set with its labels (ids past the
-    test set's), hidden answers, a baseline script and ``evaluator``; its recorded baseline is what the honest
-    evaluator gives the baseline."""
+    test set's), hidden answers, a baseline script and ``evaluator``, and the ``submission`` schema it declares (none
+    by default); its recorded baseline is what the honest evaluator gives the baseline."""
     folder.mkdir(parents=True, exist_ok=True)
     rows = _labels()
     (folder / "test.csv").write_text("id,x\n" + "".join(f"{i},{x}\n" for i, x, _ in rows))
@@ -159,7 +166,7 @@ def csv_task(folder: Path, evaluator: str, task_id: str, baseline: str = BASELIN
         starter_code=["test.csv", "train.csv", "answers.csv", "baseline.py", "evaluate.py"],
         baseline_paths=["baseline.py"],
         baseline_scores=[{"accuracy": accuracy}], worst_score={"accuracy": 0.0}, evaluation_paths=["evaluate.py"],
-        evaluation_read_only=True, secret_files=["answers.csv"], max_steps=20,
+        evaluation_read_only=True, secret_files=["answers.csv"], max_steps=20, submission=submission,
     )
 
 

@@ -273,10 +273,11 @@ def test_background_process_rewriting_files_during_validate(env, honest):
 
 def test_echoing_a_validation_message_pays_nothing_even_after_a_real_validation(mini_spec):
     """``info["score"]`` keeps every earlier evaluation, so it is never empty after the first real ``validate``: a
-    printed validation message (any baseline, any score) must still pay nothing through the default reward."""
+    printed validation message (any baseline, any score) must still pay nothing, under the reward that pays every
+    real evaluation (the reference chain's; the default pays only improvements, see test_default_reward)."""
     from mlgym_registry import registry
 
-    env = registry.make(mini_spec, batch_size=())
+    env = registry.make(mini_spec, batch_size=(), reward="mlgym_score_delta")
     try:
         td = env.reset()
 

@@ -66,8 +66,9 @@ def chain_step(env, td, response: str):
 
 
 def test_attack_through_registry_make():
-    """The training entry point: the default chain on the local backend, sandboxed, rewards equal to the honest one."""
-    env = registry.make("prisonersDilemma", seed=0)
+    """The training entry point: the default chain on the local backend, sandboxed, rewards equal to the honest one
+    (under the reference chain's reward, which pays every evaluation its score, so that both validates are paid)."""
+    env = registry.make("prisonersDilemma", seed=0, reward="mlgym_score_delta")
     try:
         td = env.reset()
         backend = env.base_env.backend

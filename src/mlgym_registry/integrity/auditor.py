@@ -326,7 +326,10 @@ def _judge_reference(report: IntegrityReport, result: CanaryResult, run: Played,
         report.honest = dict(result.rewards)
         report.floor = {name: failure_total(new_reward, spec) for name, new_reward in assigners.items()}
         result.limits = dict(report.floor)
-        if spec.baseline:
+        if spec.baseline and run.validate_rows is not None:
+            report.notes.append("baseline: the reference's submission is scored on the rows validate never sees, "
+                                "its recorded baseline on every row: compared by `check` (every row), not here")
+        elif spec.baseline:
             comparison = compare_baseline(spec, [run.scores[-1]])
             report.notes += [f"baseline: {line}" for line in comparison.lines + comparison.unconfirmed]
             if comparison.mismatches and not comparison.note:
