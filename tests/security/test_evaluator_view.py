@@ -157,3 +157,33 @@ def test_every_path_an_honest_evaluation_opens_is_the_tasks_or_the_submission(ta
         assert foreign_inputs(env) == []
     finally:
         env.close()
+
+
+OPPONENT_EVALUATOR = '''
+import json
+import strategy
+import target
+score = sum(strategy.move(i) == target.move(i) for i in range(10)) / 10
+print(json.dumps({"Score": score}))
+'''
+
+
+def test_a_python_tasks_unprotected_opponent_is_the_tasks_own(tmp_path):
+    """A Python task whose description names only strategy.py: the evaluator's target.py (an opponent the task forgot
+    to protect, and the name MLGym gives every Python submission) is the task's, whatever the agent writes there."""
+    folder = tmp_path / "task"
+    folder.mkdir()
+    (folder / "evaluate.py").write_text(OPPONENT_EVALUATOR)
+    (folder / "target.py").write_text("def move(i):\n    return i % 2\n")
+    (folder / "strategy.py").write_text("def move(i):\n    return 0\n")
+    spec = TaskSpec(id="opponentView", description="Make move(i) in strategy.py match the opponent's moves.",
+                    task_entrypoint="PythonSubmissionTasks", training_timeout=60, root=str(folder),
+                    starter_code=["evaluate.py", "target.py", "strategy.py"], evaluation_paths=["evaluate.py"],
+                    evaluation_read_only=True, baseline_scores=[{"Score": 0.5}], max_steps=20)
+    env = open_backend(spec)
+    try:
+        assert validate(env)[1] == {"Score": 0.5}
+        status(env, "printf 'def move(i):\\n    return 0\\n' > target.py")  # the opponent now plays like the agent
+        assert validate(env)[1] == {"Score": 0.5}
+    finally:
+        env.close()

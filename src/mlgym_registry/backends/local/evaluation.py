@@ -362,7 +362,10 @@ class Evaluator:
                     check_submission(self.submission_schema, started.agent_view, self.pristine)
                 except (SubmissionRejected, SubmissionSchemaError) as exc:
                     raise submission_failure(exc) from None
-                self._build_evaluation_view(started, Path(submission).relative_to(self.shown_workspace))
+                # a model task's configuration is found anew each time; a Python task's target.py is only the name
+                # MLGym gives every Python submission, no file the evaluator takes from the agent
+                found = Path(submission).relative_to(self.shown_workspace)
+                self._build_evaluation_view(started, found if self.entrypoint == "ModelSubmissionTasks" else None)
                 self._keep_rows(started.eval_view, part)
             except OSError as exc:  # reading the agent's files, or writing their copy
                 raise self._unreadable(exc) from exc
@@ -432,7 +435,7 @@ class Evaluator:
         paths = [*self.submission_files, *([str(found)] if found is not None else [])]
         return [p for p in dict.fromkeys(paths) if not _covered(p, self.pristine)]
 
-    def _build_evaluation_view(self, started: Started, found: Path) -> None:
+    def _build_evaluation_view(self, started: Started, found: Path | None) -> None:
         """The evaluation's view, built rather than copied: the task's starter files, the submission from the agent's
         view over them (nothing else of the agent's), then the pristine files and secrets over everything."""
         agent_view, eval_view = started.agent_view, started.eval_view
