@@ -10,6 +10,7 @@ what the env's processes see and may do (``confinement.py``, ``sandbox.py``, ``l
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import shutil
@@ -26,7 +27,7 @@ from ...preparation import hub_datasets as hub_datasets_mod
 from ...specs import TaskSpec
 from ...tool_language import AUTOSUBMIT_EXITS
 from ..protocol import EVALUATION_OK, EVALUATION_STATUS_KEY, INFRA_ERROR, ToolSet, new_info
-from . import actions, disk_guard, observations, procs, task_checks, toolset
+from . import actions, disk_guard, forking, layers, observations, procs, task_checks, toolset
 from . import limits as limits_mod
 from . import quota as quota_mod
 from . import sandbox as sandbox_mod
@@ -118,6 +119,8 @@ class LocalBackend:
         trust_agent_code: bool = False,
         validation_rows: str = "held_out",
     ):
+        self.options: dict[str, Any] = {k: v for k, v in locals().items() if k not in ("self", "spec")}
+        """The keyword arguments this backend was made with: a fork's children are made with the same."""
         if sandbox not in sandbox_mod.SANDBOX_MODES:
             raise ValueError(f"local backend: sandbox={sandbox!r}; use one of {', '.join(sandbox_mod.SANDBOX_MODES)}")
         self.check_available(sandbox=sandbox)
@@ -157,6 +160,7 @@ class LocalBackend:
         self.notes: list[str] = []
 
         sweep_orphans(Path(workspace_dir or tempfile.gettempdir()))
+        layers.sweep_layers(Path(workspace_dir or tempfile.gettempdir()))
         root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX, dir=workspace_dir))
         self._res = Resources(root)
         self._res.owner_lock = hold_owner_lock(root)
@@ -250,6 +254,8 @@ class LocalBackend:
                 int(options["evaluation_seed"]), int(options.get("agent_seed", options["evaluation_seed"])))
         self._res.stop_evaluation()  # it holds the last episode's seed
         self._res.stop_session()
+        if self._res.view is not None:  # a forked env's episode ends: its next one is a plain workspace again
+            forking.drop_view(self)
         self.current_step = 0
         self.returncode = None
         self._scores = []
@@ -277,6 +283,20 @@ class LocalBackend:
             self._res.stop_session()  # started in the sandbox but failed its set-up: a new one is started the usual way
             return False
         return True
+
+    def fork(self, n: int = 1) -> list[LocalBackend]:
+        """``n`` independent backends in exactly this one's state (``forking.fork``: the workspace's files shared
+        copy-on-write, the shell's working directory and exported variables, the step count, the scores and the
+        episode's seeds); refused (``forking.ForkRefused``) while the agent's background processes run."""
+        return forking.fork(self, n)
+
+    def use_workspace(self, path: Path) -> None:
+        """Make ``path`` the workspace as the driver reads and writes it (a forked env's copy-on-write view, or its
+        plain folder again), for every part of the backend that walks or copies it."""
+        self.host_workspace = path
+        self._confinement.folders = dataclasses.replace(self._confinement.folders, workspace=path)
+        self._files.workspace = path
+        self._disk.workspace = path
 
     def reset_container(self) -> None:
         """TorchRL's MLGym wrapper calls this before ``reset()``: a fresh shell in the same workspace."""

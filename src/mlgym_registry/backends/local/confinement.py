@@ -80,6 +80,14 @@ class Confinement:
         """Unsandboxed only: the evaluator's datasets cache (links to its views)."""
         self.task_workspace = Path(sandbox_mod.AGENT_WORKSPACE) if sandboxed else folders.workspace
         """The workspace as the agent sees it (MLGym's ``/home/agent/workspace`` when sandboxed)."""
+        self.enter: list[str] = []
+        """A forked env's: the prefix that starts the agent's sandbox where its copy-on-write workspace is mounted
+        (``layers.OverlayView.enter``); [] for a plain workspace."""
+        self.shown_workspace: Path | None = None
+        """A forked env's: the folder the agent's sandbox binds, as the holder's namespaces see it (the driver's
+        ``folders.workspace`` reaches the same view through ``/proc``); None: ``folders.workspace``."""
+        self.layer_folders: list[str] = []
+        """A forked env's frozen layers (``layers.Layer``): hidden from its sandboxes like its own folder."""
 
     def environment(self) -> dict[str, str]:
         """The variables of the agent's shell and of evaluations: built from scratch when sandboxed (never the
@@ -148,7 +156,8 @@ class Confinement:
         if self.gpus:
             devices = sandbox_mod.gpu_devices()
             binds += [sandbox_mod.Bind(folder, folder) for folder in sandbox_mod.gpu_library_folders()]
-        hidden = [str(PACKAGE_DIR), str(self.resources.root), *_key_folders([bind.source for bind in binds])]
+        hidden = [str(PACKAGE_DIR), str(self.resources.root), *self.layer_folders,
+                  *_key_folders([bind.source for bind in binds])]
         if self.spec.root:
             hidden.append(str(Path(self.spec.root).resolve()))
         hidden += [str(source.resolve()) for source in self.files.dataset_sources]  # a data folder may hold answers
@@ -247,10 +256,9 @@ class Confinement:
         prefix: Sequence[str] = self.prefix
         if self.sandboxed:
             # no preexec_fn: with one, Python forks this whole process instead of using vfork (see exec_prefix)
-            prefix = (
-                *self._limits_prefix(cgroup, memory, part),
-                *sandbox_mod.command([], self.sandbox_spec(self.folders.workspace, writable=True)),
-            )
+            spec = self.sandbox_spec(self.shown_workspace or self.folders.workspace, writable=True)
+            spec.enter = list(self.enter)
+            prefix = (*self._limits_prefix(cgroup, memory, part), *sandbox_mod.command([], spec))
         return ShellSession(
             self.folders.workspace,
             self.environment(),

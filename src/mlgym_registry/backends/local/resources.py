@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cgroups, quota
+from . import cgroups, layers, quota
 from . import limits as limits_mod
 from .evaluation import Started, force_rmtree
 from .owners import owner_lives
@@ -81,6 +81,10 @@ class Resources:
         """The pids cgroup's count of refused forks when the session's last command started."""
         self.oom_kills = 0
         """The memory cgroup's count of kills when the session's last command started."""
+        self.view: layers.OverlayView | None = None
+        """A forked env's copy-on-write workspace (``forking.py``), None for a plain one."""
+        self.layers: list[layers.Layer] = []
+        """The frozen layers ``view`` stands on (topmost first), held while this env lives."""
 
     # -- cgroups ---------------------------------------------------------------------------------------------------
     def make_cgroups(self, limits: limits_mod.Limits, notes: list[str]) -> int | None:
@@ -260,7 +264,8 @@ class Resources:
         fails is warned about and the others are still released."""
         if os.getpid() != self.owner:
             return  # a forked child inherited this finalizer: the resources belong to the parent
-        for part in (self.stop_session, self.stop_warm, self.stop_evaluation, self._remove_cgroups, self._remove_root):
+        for part in (self.stop_session, self.stop_warm, self.stop_evaluation, self.stop_view, self._remove_cgroups,
+                     self._remove_root):
             try:
                 part()
             except Exception as exc:  # noqa: BLE001 - reported, and the rest is released anyway
@@ -269,6 +274,15 @@ class Resources:
         if self.owner_lock is not None:
             os.close(self.owner_lock)
             self.owner_lock = None
+
+    def stop_view(self) -> None:
+        """Unmount a forked env's copy-on-write view and let go of its frozen layers (the last user removes one)."""
+        view, self.view = self.view, None
+        if view is not None:
+            view.stop()
+        held, self.layers = self.layers, []
+        for layer in held:
+            layer.release()
 
     def _remove_cgroups(self) -> None:
         _PROMISED.pop(str(self.root), None)

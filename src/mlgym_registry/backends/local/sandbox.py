@@ -87,6 +87,9 @@ class SandboxSpec:
     shm_size_mb: int = 64  # Docker's default /dev/shm, which MLGym's container has
     devices: list[str] = field(default_factory=list)
     """Host device nodes (or folders of them) shown at the same path, usable: GPUs, see ``gpu_devices``."""
+    enter: list[str] = field(default_factory=list)
+    """A prefix that runs ``bwrap`` in other namespaces: a forked env's overlay holder's (``layers.OverlayView``),
+    where its workspace's copy-on-write view is mounted."""
 
 
 @functools.cache
@@ -165,8 +168,8 @@ def command(argv: Sequence[str], spec: SandboxSpec) -> list[str]:
     # --as-pid-1: the command itself is the namespace's first process, so there is no init of bwrap's inside that
     # the agent could take over with ptrace and that the backend would have to tell apart from the agent's processes
     # --disable-userns: no user namespace made inside (each would be charged to the driver's user on the host)
-    args = [*opener, bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--new-session", "--as-pid-1",
-            "--uid", str(AGENT_UID), "--gid", str(AGENT_UID), "--hostname", "mlgym",
+    args = [*opener, *spec.enter, bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--new-session",
+            "--as-pid-1", "--uid", str(AGENT_UID), "--gid", str(AGENT_UID), "--hostname", "mlgym",
             "--seccomp", str(kernel_counts.SECCOMP_FD)]
     if spec.network:
         args.append("--share-net")

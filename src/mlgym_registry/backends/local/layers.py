@@ -1,0 +1,186 @@
+"""Copy-on-write workspaces for forked envs: frozen layers shared read-only, and an overlay view per env.
+
+A fork freezes the parent's writable files as a *layer* (a folder renamed aside, never written again) and gives the
+parent and each child an overlayfs view: the frozen layers below, a fresh writable folder of its own on top. Nothing
+is copied, so a fork of a 200 MB workspace costs what a fork of an empty one does.
+
+The overlay is mounted by a small *holder* process of the driver's (``unshare -Urm``: its own user and mount
+namespaces, where an unprivileged user may mount overlayfs, Linux 5.11 and later). The driver reads the view through
+``/proc/<holder>/root`` (``OverlayView.path``), and the agent's sandbox is started inside the holder's namespaces
+(``OverlayView.enter``, ``nsenter``), where it binds the view as it would bind a plain folder. The holder reads its
+stdin, a pipe from the driver: when the driver ends, or ``stop`` closes it, the holder ends and the mount with it.
+
+A layer lives while any env uses it: each user holds a shared ``flock`` on the layer's lock file; the last to let go
+(an exclusive lock succeeds) removes it, and ``sweep_layers`` removes those whose users all died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .evaluation import force_rmtree
+
+LAYER_PREFIX = "mlgr-layer-"
+"""The name every frozen layer's folder starts with (beside the envs' folders, never matched by their prefix)."""
+LOCK_FILE = "users.lock"
+TREE = "tree"
+UNSAFE_IN_OPTIONS = frozenset(",:\\\n")
+"""Characters overlayfs's mount options cannot carry in a path: such a folder gets the copying fallback."""
+
+
+class OverlayUnavailable(RuntimeError):
+    """This host cannot give a forked env a copy-on-write view (the caller copies the workspace instead)."""
+
+
+@dataclass
+class Layer:
+    """A frozen layer, ``folder/tree``, held by this env through a shared lock on ``folder/users.lock``."""
+
+    folder: Path
+    fd: int | None = field(default=None, repr=False)
+
+    @property
+    def tree(self) -> Path:
+        """The frozen files."""
+        return self.folder / TREE
+
+    @classmethod
+    def freeze(cls, source: Path, parent: Path) -> Layer:
+        """Make ``source`` (a folder nobody writes any more) a layer, by renaming it into a new folder of ``parent``
+        (the same filesystem: no byte is copied); held by the caller."""
+        folder = Path(tempfile.mkdtemp(prefix=LAYER_PREFIX, dir=parent))
+        layer = cls(folder)
+        layer.fd = _lock(folder, fcntl.LOCK_SH)
+        os.rename(source, layer.tree)
+        return layer
+
+    def share(self) -> Layer:
+        """Another hold on this layer (for a child that uses it too)."""
+        other = Layer(self.folder)
+        other.fd = _lock(self.folder, fcntl.LOCK_SH)
+        return other
+
+    def release(self) -> None:
+        """Let go of this hold; remove the layer when no other env holds it. Idempotent."""
+        if self.fd is None:
+            return
+        os.close(self.fd)
+        self.fd = None
+        _remove_if_unused(self.folder)
+
+
+def _lock(folder: Path, how: int) -> int:
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, how)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_if_unused(folder: Path) -> bool:
+    """Remove ``folder`` when no env holds it (an exclusive lock is free); True when it is gone."""
+    try:
+        fd = _lock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # held by another env
+    try:
+        return force_rmtree(folder)
+    finally:
+        os.close(fd)
+
+
+def sweep_layers(parent: Path) -> None:
+    """Remove the layers in ``parent`` that no living env holds (their users were killed before they let go)."""
+    with contextlib.suppress(OSError):
+        for folder in parent.glob(f"{LAYER_PREFIX}*"):
+            with contextlib.suppress(Exception):
+                _remove_if_unused(folder)
+
+
+class OverlayView:
+    """An overlay of ``lowers`` (topmost first) under ``upper``, mounted at ``mountpoint`` in a holder's namespaces."""
+
+    def __init__(self, lowers: Sequence[Path], upper: Path, work: Path, mountpoint: Path):
+        self.lowers, self.upper, self.work, self.mountpoint = list(lowers), upper, work, mountpoint
+        for path in (*self.lowers, upper, work, mountpoint):
+            if UNSAFE_IN_OPTIONS & set(str(path)):
+                raise OverlayUnavailable(f"the path {str(path)!r} holds a character overlayfs options cannot carry")
+        unshare = shutil.which("unshare")
+        if unshare is None or shutil.which("nsenter") is None:
+            raise OverlayUnavailable("util-linux's unshare and nsenter are needed for a copy-on-write fork")
+        options = (f"lowerdir={':'.join(str(p) for p in self.lowers)},upperdir={upper},workdir={work},userxattr")
+        script = ('mount -t overlay overlay -o "$1" "$2" || exit 1; echo ready; '
+                  'while read -r _; do :; done')  # ends at EOF: the driver closed the pipe, or died
+        self.holder = subprocess.Popen(
+            [unshare, "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
+             "/bin/sh", "-c", script, "holder", options, str(mountpoint)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            close_fds=True,
+        )
+        line = self.holder.stdout.readline()  # type: ignore[union-attr]
+        if line.strip() != b"ready":
+            why = self.holder.stderr.read().decode(errors="replace").strip()  # type: ignore[union-attr]
+            self.stop()
+            raise OverlayUnavailable(f"overlayfs could not be mounted in a user namespace here: {why or 'no reason'}")
+
+    @property
+    def path(self) -> Path:
+        """The merged view, as the driver reads and writes it."""
+        return Path(f"/proc/{self.holder.pid}/root{self.mountpoint}")
+
+    def enter(self) -> list[str]:
+        """The prefix that runs a command (the sandbox's ``bwrap``) in the holder's namespaces, where the view is."""
+        return ["nsenter", "-t", str(self.holder.pid), "--user", "--mount", "--preserve-credentials", "--"]
+
+    @property
+    def alive(self) -> bool:
+        """Whether the holder (and so the view) is still there."""
+        return self.holder.poll() is None
+
+    def stop(self) -> None:
+        """End the holder: the view is unmounted once no process is left in its namespaces. Idempotent."""
+        for stream in (self.holder.stdin, self.holder.stdout, self.holder.stderr):
+            with contextlib.suppress(OSError):
+                stream.close()  # type: ignore[union-attr]
+        try:
+            self.holder.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.holder.kill()
+            self.holder.wait()
+
+
+@functools.cache
+def overlay_supported(parent: str) -> str | None:
+    """None when a copy-on-write view works in ``parent`` on this host, else why not (checked once per folder)."""
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix="mlgr-probe-", dir=parent))
+    except OSError as exc:
+        return f"no folder could be made in {parent}: {exc}"
+    try:
+        for name in ("lower", "upper", "work", "merged"):
+            (scratch / name).mkdir()
+        (scratch / "lower" / "probe").write_text("x")
+        view = OverlayView([scratch / "lower"], scratch / "upper", scratch / "work", scratch / "merged")
+        try:
+            (view.path / "probe").write_text("y")
+            ok = (scratch / "lower" / "probe").read_text() == "x" and (scratch / "upper" / "probe").exists()
+        finally:
+            view.stop()
+        return None if ok else "the overlay did not keep its lower layer unchanged"
+    except (OSError, OverlayUnavailable) as exc:
+        return str(exc)
+    finally:
+        force_rmtree(scratch)
