@@ -57,6 +57,15 @@ class ChainEnv(TransformedEnv):
             token = self.__dict__["_pool_token"] = pool_wire.new_token()
         return token
 
+    def fork(self, n: int = 1) -> list[ChainEnv]:
+        """``n`` independent envs in exactly this one's state after its last step (``transforms/forking.py``): the
+        workspace's files (shared copy-on-write), the shell's working directory and exported variables, every count
+        of the chain, the episode's seeds. Step each from a clone of the tensordict you hold; each closes on its own.
+        Refused while the agent's background processes run (docs/training.md, "Branching an episode")."""
+        from .forking import fork_env
+
+        return fork_env(self, n)
+
     def __enter__(self) -> ChainEnv:
         return self
 

@@ -1,0 +1,64 @@
+"""Forking a chain env: ``n`` envs in exactly the parent's state after its last step (``ChainEnv.fork``).
+
+The backend forks itself (the local backend: ``backends/local/forking.py``); every other part of the chain is
+copied as it stands, so each child keeps the parent's counts: turns and format errors in a row, the evaluations the
+episode saw, the reward's best score so far, the task sampler's generator. The conversation is in the tensordict the
+caller holds, not in the env: the caller steps each child from a clone of it.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+import weakref
+from typing import Any
+
+from ..errors import EnvMisuseError
+from .backend_env import BackendEnv, _close_quietly
+
+
+DRIVER_STATE = ("_output_adapter", "_call_depth", "_pool_token")
+"""What the code driving an env keeps on it (``ChainEnv.hand_outputs_to``, a pool's name for its outputs): a child
+starts without the parent's."""
+
+
+def fork_env(env: Any, n: int) -> list[Any]:
+    """``n`` copies of the chain env ``env`` (a ``TransformedEnv`` over a ``BackendEnv``), each over its own fork of
+    the backend; closing any of them, the parent included, leaves the others running."""
+    base = env.base_env
+    if not isinstance(base, BackendEnv):
+        raise TypeError(f"fork() needs a chain over a BackendEnv, not over {type(base).__name__}")
+    if not base.has_backend:
+        raise EnvMisuseError("fork() forks an episode: call env.reset() (and step it) first")
+    backend = base.backend
+    fork = getattr(backend, "fork", None)
+    if fork is None:
+        raise NotImplementedError(
+            f"the {type(backend).__name__} backend cannot fork; the local backend can (backend='local')")
+    children = []
+    try:
+        for child_backend in fork(n):
+            children.append(_copy_over(env, base, backend, child_backend))
+    except BaseException:
+        for child in children:
+            child.close(raise_if_closed=False)
+        raise
+    return children
+
+
+def _copy_over(env: Any, base: BackendEnv, backend: Any, child_backend: Any) -> Any:
+    """A copy of ``env`` whose ``BackendEnv`` holds ``child_backend`` and closes it with itself."""
+    holder = [child_backend]
+    memo: dict[int, Any] = {id(backend): child_backend, id(base._backend_holder): holder, id(base._finalizer): None}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tensordict's notes about deep-copying a stacked conversation
+            child = copy.deepcopy(env, memo)
+    except BaseException:
+        child_backend.close()
+        raise
+    child_base = child.base_env
+    child_base._finalizer = weakref.finalize(child_base, _close_quietly, child_base._backend_holder)
+    for key in DRIVER_STATE:  # the parent's driver (a pool holding it) is not the child's
+        child.__dict__.pop(key, None)
+    return child
