@@ -33,11 +33,12 @@ def test_the_rl_tasks_get_our_evaluator_and_need_no_trust(tmp_path, monkeypatch)
 
 def test_other_tasks_keep_their_files(tmp_path, monkeypatch):
     checkout = tmp_path / "MLGym"
-    write(checkout / "configs/tasks/pd.yaml", "id: prisonersDilemma\nstarter_code: [data/pd/evaluate.py, "
+    # a game of a checkout's own, not one of MLGym's three (tests/tasks/test_game_overlay.py: those get ours)
+    write(checkout / "configs/tasks/pd.yaml", "id: stagHunt\nstarter_code: [data/pd/evaluate.py, "
           "data/pd/strategy.py, data/pd/target.py]\nevaluation_paths: [evaluate.py]\n"
           "description: change strategy.py\n")
     monkeypatch.setenv("MLGYM_ROOT", str(checkout))
-    spec = fresh_registry().spec("mlgym/prisonersDilemma")
+    spec = fresh_registry().spec("mlgym/stagHunt")
     assert spec.starter_code == ["data/pd/evaluate.py", "data/pd/strategy.py", "data/pd/target.py"]
     assert spec.protected_files == ["target.py"] and not task_checks.agent_side_files(spec)
     assert not Path(spec.starter_code[0]).is_absolute()

@@ -304,18 +304,29 @@ RL_DATA = Path(__file__).resolve().parent / "data" / "rl"
 driver ``rl_driver.py``, and the agent's side ``rl_policy.py``."""
 RL_FILES = ("rl_driver.py", "rl_gymnax.py", "rl_policy.py")
 
+GAME_TASKS = ("prisonersDilemma", "battleOfSexes", "blotto")
+"""MLGym's iterated games: their evaluate.py calls the agent's strategy once per move (100,000 crossings to the
+agent's process); ours (``GAMES_DATA``) plays the games in lockstep, one crossing a round, with the same scoring."""
+GAMES_DATA = Path(__file__).resolve().parent / "data" / "mlgym_games"
+"""Our evaluation program of the games: a per-task ``evaluate.py`` and the shared ``lockstep_games.py``."""
+GAME_FILES = ("lockstep_games.py",)
+
 
 def overlay_files(task_id: str, starter_code: list[str], protected: list[str]) -> tuple[list[str], list[str]]:
     """``(starter_code, protected_files)`` of MLGym's task ``task_id`` with our evaluation program where its own
-    cannot run honestly here: for the RL tasks, MLGym's ``evaluate.py`` replaced by ours and our files added,
-    protected (put back pristine before each evaluation). Copies; unchanged for other tasks."""
+    cannot run honestly (the RL tasks) or fast (the games) here: MLGym's ``evaluate.py`` replaced by ours and our
+    files added, protected (put back pristine before each evaluation). Copies; unchanged for other tasks."""
     task_id = task_id.removeprefix("mlgym/")
-    if task_id not in RL_TASKS:
+    if task_id in RL_TASKS:
+        folder, files = RL_DATA, RL_FILES
+    elif task_id in GAME_TASKS:
+        folder, files = GAMES_DATA, GAME_FILES
+    else:
         return list(starter_code), list(protected)
-    ours = str(RL_DATA / task_id / "evaluate.py")
+    ours = str(folder / task_id / "evaluate.py")
     starter = [ours if Path(item).name == "evaluate.py" else item for item in starter_code]
-    starter += [str(RL_DATA / name) for name in RL_FILES]
-    return starter, list(dict.fromkeys([*protected, *RL_FILES]))
+    starter += [str(folder / name) for name in files]
+    return starter, list(dict.fromkeys([*protected, *files]))
 
 
 def overlay_requirements(task_id: str) -> list[str]:
