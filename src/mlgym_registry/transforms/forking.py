@@ -16,7 +16,6 @@ from typing import Any
 from ..errors import EnvMisuseError
 from .backend_env import BackendEnv, _close_quietly
 
-
 DRIVER_STATE = ("_output_adapter", "_call_depth", "_pool_token")
 """What the code driving an env keeps on it (``ChainEnv.hand_outputs_to``, a pool's name for its outputs): a child
 starts without the parent's."""

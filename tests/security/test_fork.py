@@ -1,0 +1,221 @@
+"""Forked envs (``LocalBackend.fork``): the contract (what carries over, what does not) and the attacks a fork opens.
+
+A fork is a new surface: children share the parent's files copy-on-write, so the attacks are a child that reaches a
+sibling's (or the parent's) later files or processes, a fork that shows the parent's hidden files, and a fork that
+tells an agent more about an evaluation than the parent could learn. Everything is checked from the host, against the
+real sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+
+from mlgym_registry.backends.local import LocalBackend, forking, layers
+
+from .helpers import HONEST, SEED, run, status, validate, write_file
+
+pytestmark = pytest.mark.security
+
+
+def layer_folders(backend) -> list[Path]:
+    return [layer.folder for layer in backend._res.layers]
+
+
+def holders(backend) -> list[int]:
+    return [backend._res.view.holder.pid] if backend._res.view is not None else []
+
+
+@pytest.fixture
+def family(make):
+    """A parent that made files, links and shell state, and two children forked from it (closed by the test)."""
+    parent = make()
+    status(parent, "mkdir -p sub && printf 'hello\\n' > sub/f.txt && chmod 640 sub/f.txt && ln -s f.txt sub/link "
+                   "&& mkfifo sub/pipe")
+    run(parent, "cd sub")
+    run(parent, "export CARRIED='two words' && open f.txt")
+    children = parent.fork(2)
+    yield parent, children
+    for env in children:
+        env.close()
+
+
+def test_a_child_starts_in_the_parents_state(family):
+    parent, children = family
+    for child in children:
+        assert child.current_step == parent.current_step == 2
+        assert child._episode_seeds == parent._episode_seeds and child.episode == parent.episode
+        out, code = status(child, "pwd; echo \"$CARRIED\"; stat -c '%a %F' f.txt link pipe; readlink link; "
+                                  "cat link; echo \"$CURRENT_FILE:$CURRENT_LINE:$WINDOW\"")
+        assert code == 0, out
+        lines = out.splitlines()
+        assert lines[0] == "/home/agent/workspace/sub" and lines[1] == "two words"
+        assert lines[2] == "640 regular file" and lines[3].endswith("symbolic link") and lines[4].endswith("fifo")
+        assert lines[5:7] == ["f.txt", "hello"]
+        assert lines[7].startswith("/home/agent/workspace/sub/f.txt:")
+        assert lines[7].split(":")[1:] == parent.communicate("echo $CURRENT_LINE:$WINDOW").split(":")
+        assert '"open_file": "/home/agent/workspace/sub/f.txt"' in child.communicate("state")
+
+
+def test_children_and_parent_never_see_each_others_writes(family):
+    parent, (first, second) = family
+    for env, word in ((parent, "parent"), (first, "first"), (second, "second")):
+        status(env, f"echo {word} > f.txt && echo {word} > only-{word} && rm link")
+    for env, word in ((parent, "parent"), (first, "first"), (second, "second")):
+        out, _ = status(env, "cat f.txt; ls")
+        assert out.split() == [word, "f.txt", f"only-{word}", "pipe"], out
+    # from the host too: the frozen layer is untouched, each view holds its own
+    for env, word in ((parent, "parent"), (first, "first"), (second, "second")):
+        assert (env.host_workspace / "sub" / "f.txt").read_text() == f"{word}\n"
+    frozen = layer_folders(parent)[0] / layers.TREE / "sub"
+    assert (frozen / "f.txt").read_text() == "hello\n" and (frozen / "link").is_symlink()
+
+
+def test_closing_the_parent_leaves_the_children_and_the_last_one_cleans_up(make):
+    parent = make()
+    write_file(parent, "strategy.py", HONEST)
+    children = parent.fork(2)
+    folders, pids = layer_folders(parent), holders(parent) + [p for c in children for p in holders(c)]
+    parent.close()
+    assert all(folder.is_dir() for folder in folders)
+    obs, score = validate(children[0])
+    assert score is not None, obs
+    children[0].close()
+    assert all(folder.is_dir() for folder in folders)  # the second child still stands on them
+    assert "row_strategy" in run(children[1], "cat strategy.py")
+    children[1].close()
+    assert not any(folder.exists() for folder in folders)
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")], "a holder outlived its env"
+
+
+def test_a_fork_while_background_processes_run_is_refused_naming_them(make):
+    parent = make()
+    status(parent, "sleep 600 &")
+    with pytest.raises(forking.ForkRefused, match=r"sleep 600"):
+        parent.fork(1)
+    status(parent, "kill %1; wait")
+    (child,) = parent.fork(1)
+    try:
+        assert "sleep" not in run(child, "ps -eo comm")
+    finally:
+        child.close()
+
+
+def test_a_child_cannot_reach_a_siblings_files_or_processes(family):
+    parent, (first, second) = family
+    token = "mlgr-sibling-" + secrets.token_hex(6)
+    status(first, f"echo {token} > {token}.txt && (exec -a {token} sleep 600 &)")
+    out, _ = status(second, f"ps -eo args | grep -c '^{token}'; find / -xdev -name '{token}*' 2>/dev/null | wc -l; "
+                            "kill -9 -1 2>/dev/null; echo done")
+    assert out.split() == ["0", "0", "done"], out  # grep counts itself only when it sees the process: it must not
+    assert "alive" in run(first, f"ps -eo args | grep -q '^{token}' && echo alive")
+    # the layers, the siblings' writable layers and the holders are nowhere in a child's sandbox
+    paths = [*map(str, layer_folders(first)), str(second._res.root), str(parent._res.root)]
+    out, _ = status(first, "for p in " + " ".join(paths) + "; do ls -d \"$p\" 2>/dev/null; done; echo end")
+    assert out.split() == ["end"], out
+
+
+def test_a_fork_does_not_show_the_parents_hidden_files(make, mini_spec):
+    """The partner module made a secret: evaluations see it, the agent never does, nor a fork's child."""
+    spec = mini_spec.replace(secret_files=["target.py"])
+    parent = make(spec)
+    assert "No such file" in run(parent, "cat target.py")
+    write_file(parent, "strategy.py", HONEST)
+    _, honest = validate(parent)
+    (child,) = parent.fork(1)
+    try:
+        search = ("ls; grep -rl 'def target_column_strategy' / --include='*.py' --exclude-dir=proc --exclude-dir=usr "
+                  "--exclude-dir=sys 2>/dev/null; echo end")
+        out, _ = status(child, search)
+        assert out.split() == ["evaluate.py", "strategy.py", "end"], out
+        assert status(parent, search)[0] == out
+        obs, score = validate(child)  # the evaluation still plays the hidden partner
+        assert score == honest, obs
+    finally:
+        child.close()
+
+
+def test_a_child_learns_nothing_the_parent_could_not(make):
+    """The evaluation seed is carried: a child's validate is the parent's (same rows, same randomness), so forking
+    and re-validating teaches an agent nothing new; submit still scores the rows validate never sees."""
+    parent = make()
+    write_file(parent, "strategy.py", HONEST)
+    _, first = validate(parent)
+    children = parent.fork(2)
+    try:
+        for child in children:
+            assert child.row_split() == parent.row_split()
+            _, again = validate(child)
+            assert again == first
+    finally:
+        for child in children:
+            child.close()
+
+
+def test_a_reset_child_is_a_plain_env_again(make):
+    parent = make()
+    (child,) = parent.fork(1)
+    try:
+        held = layer_folders(child)
+        child.reset()
+        assert child._res.view is None and child.host_workspace == child._res.root / "workspace"
+        assert child.current_step == 0 and "No such file" not in run(child, "cat strategy.py")
+        parent.close()
+        assert not any(folder.exists() for folder in held)
+    finally:
+        child.close()
+
+
+def test_a_child_forks_again_and_keeps_the_disk_quota(make):
+    parent = make(max_disk_mb=64, max_file_mb=16)
+    write_file(parent, "strategy.py", HONEST)
+    status(parent, "head -c 1000000 /dev/zero > base.bin")
+    (child,) = parent.fork(1)
+    (grandchild,) = child.fork(1)
+    try:
+        status(child, "head -c 3000000 /dev/zero > child.bin")
+        assert run(grandchild, "ls *.bin") == "base.bin"
+        assert child._disk.limit == parent._disk.limit == grandchild._disk.limit
+        output, code = status(grandchild, "for i in 1 2 3; do head -c 12000000 /dev/zero > big$i.bin; done")
+        assert code == 0, output
+        obs, score = validate(grandchild)
+        assert score is None and "disk quota of 64 MB" in obs, obs
+        for env in (parent, child):  # the others' files were not the grandchild's
+            obs, score = validate(env)
+            assert score is not None, obs
+    finally:
+        grandchild.close()
+        child.close()
+
+
+def test_without_overlayfs_a_child_gets_a_copy(make, monkeypatch):
+    monkeypatch.setattr(layers, "overlay_supported", lambda parent: "no overlay on this host (test)")
+    parent = make()
+    run(parent, "mkdir sub && echo hi > sub/f && ln -s f sub/l && cd sub")
+    (child,) = parent.fork(1)
+    try:
+        assert child._res.view is None and parent._res.view is None
+        assert run(child, "pwd; cat l").split() == ["/home/agent/workspace/sub", "hi"]
+        status(child, "echo child > f")
+        assert run(parent, "cat f") == "hi"
+    finally:
+        child.close()
+
+
+def test_unsandboxed_fork_copies_and_rebases_the_working_directory(mini_spec):
+    parent = LocalBackend(mini_spec, sandbox="none", seed=SEED)
+    try:
+        parent.reset()
+        parent.install_tools()
+        run(parent, "mkdir sub && cd sub && echo hi > f")
+        (child,) = parent.fork(1)
+        try:
+            assert run(child, "pwd") == str(child.host_workspace / "sub")
+            assert run(child, "cat f") == "hi"
+        finally:
+            child.close()
+    finally:
+        parent.close()
