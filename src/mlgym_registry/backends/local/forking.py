@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
 NOT_CARRIED = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 """Exported variables the shell sets itself: never restored in a fork's shell."""
 DECLARE_LINE = re.compile(r"^declare -[-a-zA-Z]* ([A-Za-z_][A-Za-z0-9_]*)(=|$)")
+
+
+MAX_LAYERS = 32
+"""The most frozen layers a view stands on: past it, a fork first copies the view into one (``_flatten``)."""
 
 
 class ForkRefused(EnvMisuseError):
@@ -87,19 +92,26 @@ def _declarations(exports: str) -> list[str]:
     return items
 
 
-def background_processes(session: ShellSession) -> list[str]:
-    """The agent's processes running beside its shell, each as ``pid (command line)``."""
-    found = []
-    for pid in sorted(session.processes()):
-        if not procs.alive(pid):
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                line = handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            line = ""
-        found.append(f"{pid} ({line or procs.command_name(pid) or '?'})")
-    return found
+def background_processes(session: ShellSession, settle: float = 0.5) -> list[str]:
+    """The agent's processes running beside its shell, each as ``pid (command line)``. A subshell that has not yet
+    run its program (``sleep 600 &`` forks bash, then execs sleep) is read again for up to ``settle`` seconds, so
+    that the program is what is named."""
+    deadline = time.monotonic() + settle
+    shell_line = _command_line(session.shell_pid)
+    while True:
+        found = {pid: _command_line(pid) for pid in sorted(session.processes()) if procs.alive(pid)}
+        if shell_line not in found.values() or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    return [f"{pid} ({line or procs.command_name(pid) or '?'})" for pid, line in found.items()]
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read(200).replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def fork(parent: LocalBackend, n: int) -> list[LocalBackend]:
@@ -121,23 +133,52 @@ def fork(parent: LocalBackend, n: int) -> list[LocalBackend]:
                 f"processes running in the background: {', '.join(busy)}. Step the env until they end (or kill them: "
                 "`kill %1`, `pkill -f ...`), then fork")
         shell = ShellState.capture(session, parent.command_timeout)
+    why_not = layers.overlay_supported(str(res.root.parent)) if parent.sandboxed else "sandbox='none'"
+    if why_not is None and _unchanged_since_last_fork(parent):
+        return _fork_over(parent, n, list(res.layers), shell, restart=[])  # the parent's layers are its state
     res.stop_evaluation()
     res.stop_warm()
     res.stop_session()
-    why_not = layers.overlay_supported(str(res.root.parent)) if parent.sandboxed else "sandbox='none'"
+    held = _freeze(parent) if why_not is None else None
+    return _fork_over(parent, n, held, shell, restart=[parent])
+
+
+def _unchanged_since_last_fork(parent: LocalBackend) -> bool:
+    """Whether ``parent`` stands on a view whose writable layer is still empty (nothing written since it forked):
+    its frozen layers alone hold its files, and its shell goes on as it is."""
+    view, session = parent._res.view, parent._res.session
+    if view is None or not view.alive or session is None or not session.alive or not parent._res.layers:
+        return False
+    try:
+        with os.scandir(view.upper) as entries:
+            if next(entries, None) is not None:
+                return False
+        return os.stat(view.upper).st_mode == os.stat(parent._res.layers[0].tree).st_mode
+    except OSError:
+        return False
+
+
+def _fork_over(parent: LocalBackend, n: int, held: list[layers.Layer] | None, shell: ShellState,
+               restart: list[LocalBackend]) -> list[LocalBackend]:
+    """``n`` children of ``parent`` over the frozen layers ``held`` (None: each gets a copy), with ``shell``'s state;
+    ``restart``: the parent when its shell must start again too (its files moved into a layer)."""
+    res = parent._res
     children: list[LocalBackend] = []
     try:
-        held = _freeze(parent) if why_not is None else None
         for _ in range(n):
             child = type(parent)(parent.spec, **parent.options)
             children.append(child)
-            _adopt(child, parent, held, shell)
+            _adopt(child, parent, held)
+        for env in (parent, *children):  # the holders mounted their views meanwhile, side by side
+            if env._res.view is not None:
+                env._res.view.wait_ready()
+        _start_shells([*restart, *children], parent, shell)
     except BaseException:
         for child in children:
             child.close()
+        if res.session is None:
+            _start_shells([parent], parent, shell)
         raise
-    finally:
-        _start_shell(parent, shell)
     return children
 
 
@@ -145,18 +186,33 @@ def _freeze(parent: LocalBackend) -> list[layers.Layer]:
     """Freeze the parent's writable files as a layer and put the parent on a new view over it; the layers."""
     res = parent._res
     with parent._disk.lock:
-        if res.view is not None:
+        if res.view is not None and len(res.layers) >= MAX_LAYERS:
+            _flatten(parent)
+        elif res.view is not None:
             res.view.stop()
             res.view = None
-            layer = layers.Layer.freeze(res.root / "upper", res.root.parent)
+            res.layers.insert(0, layers.Layer.freeze(res.root / "upper", res.root.parent))
             force_rmtree(res.root / "work")
         else:
             mode = os.stat(res.root / "workspace").st_mode
-            layer = layers.Layer.freeze(res.root / "workspace", res.root.parent)
+            res.layers.insert(0, layers.Layer.freeze(res.root / "workspace", res.root.parent))
             (res.root / "workspace").mkdir(mode=mode & 0o7777)
-        res.layers.insert(0, layer)
         _mount(parent, res.layers)
-    return res.layers
+    return list(res.layers)
+
+
+def _flatten(parent: LocalBackend) -> None:
+    """Copy ``parent``'s view into one new layer (reflinked where the filesystem can) and stand it on that alone:
+    overlayfs takes a bounded stack of layers, and a parent forked at every turn would reach it."""
+    res = parent._res
+    assert res.view is not None
+    flat = res.root / "flat"
+    flat.mkdir()
+    _copy_tree(res.view.path, flat)
+    res.stop_view()
+    for name in ("upper", "work"):
+        force_rmtree(res.root / name)
+    res.layers = [layers.Layer.freeze(flat, res.root.parent)]
 
 
 def _mount(backend: LocalBackend, held: list[layers.Layer]) -> None:
@@ -186,8 +242,9 @@ def drop_view(backend: LocalBackend) -> None:
         backend.use_workspace(res.root / "workspace")
 
 
-def _adopt(child: LocalBackend, parent: LocalBackend, held: list[layers.Layer] | None, shell: ShellState) -> None:
-    """Give ``child`` (new, never reset) ``parent``'s state: counts, seeds, files, commands and shell."""
+def _adopt(child: LocalBackend, parent: LocalBackend, held: list[layers.Layer] | None) -> None:
+    """Give ``child`` (new, never reset) ``parent``'s state: counts, seeds, files and commands (its shell is started
+    by ``_start_shells``); its view is being mounted when this returns."""
     child.seed, child.episode, child._episode_seeds = parent.seed, parent.episode, parent._episode_seeds
     child.current_step, child.returncode = parent.current_step, parent.returncode
     child.task, child.tools = copy.deepcopy(parent.task), copy.deepcopy(parent.tools)
@@ -210,16 +267,24 @@ def _adopt(child: LocalBackend, parent: LocalBackend, held: list[layers.Layer] |
         else:
             _copy_tree(parent.host_workspace, child.host_workspace)
         child._confinement.reset_hub_caches()
-    cwd = shell.cwd
-    if not parent.sandboxed and Path(cwd).is_relative_to(parent.task_workspace):  # unsandboxed: host paths differ
-        cwd = str(child.task_workspace / Path(cwd).relative_to(parent.task_workspace))
-    _start_shell(child, ShellState(cwd, shell.exports))
 
 
-def _start_shell(backend: LocalBackend, shell: ShellState) -> None:
-    """Start ``backend``'s shell (set up as after a reset) and give it ``shell``'s state."""
-    backend._start_session()
-    backend._run_setup(shell.restore_script())
+def _start_shells(envs: list[LocalBackend], parent: LocalBackend, shell: ShellState) -> None:
+    """Start the shells of ``envs`` (all at once: each sandbox starts while the others do), set each up as after a
+    reset, and give each ``shell``'s state (unsandboxed, the working directory moved into the env's own folder)."""
+    started = []
+    for env in envs:
+        with contextlib.suppress(OSError):  # as a new session after a reset: a workspace the agent locked opens
+            mode = os.stat(env.host_workspace).st_mode
+            if mode & 0o700 != 0o700:
+                os.chmod(env.host_workspace, (mode & 0o7777) | 0o700)
+        started.append(env._new_session(env._res.cgroup, env._res.memory))
+    for env, session in zip(envs, started, strict=True):
+        cwd = shell.cwd
+        if not parent.sandboxed and Path(cwd).is_relative_to(parent.task_workspace):
+            cwd = str(env.task_workspace / Path(cwd).relative_to(parent.task_workspace))
+        env._set_up(session)
+        env._run_setup(ShellState(cwd, shell.exports).restore_script())
 
 
 def _moved(path: Path, old: Path, new: Path) -> Path:

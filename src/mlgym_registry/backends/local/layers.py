@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,8 +103,18 @@ def _remove_if_unused(folder: Path) -> bool:
         os.close(fd)
 
 
+SWEEP_PERIOD = 30.0
+"""Seconds between two sweeps of one folder's abandoned layers by this process (a sweep lists the whole folder)."""
+_swept: dict[str, float] = {}
+
+
 def sweep_layers(parent: Path) -> None:
-    """Remove the layers in ``parent`` that no living env holds (their users were killed before they let go)."""
+    """Remove the layers in ``parent`` that no living env holds (their users were killed before they let go); at
+    most once every ``SWEEP_PERIOD`` seconds per folder."""
+    now = time.monotonic()
+    if now - _swept.get(str(parent), -SWEEP_PERIOD) < SWEEP_PERIOD:
+        return
+    _swept[str(parent)] = now
     with contextlib.suppress(OSError):
         for folder in parent.glob(f"{LAYER_PREFIX}*"):
             with contextlib.suppress(Exception):
@@ -130,11 +141,19 @@ class OverlayView:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             close_fds=True,
         )
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        """Wait until the holder has mounted the view (started in ``__init__``, so that several mount at once);
+        ``OverlayUnavailable`` when it could not."""
+        if self.ready:
+            return
         line = self.holder.stdout.readline()  # type: ignore[union-attr]
         if line.strip() != b"ready":
             why = self.holder.stderr.read().decode(errors="replace").strip()  # type: ignore[union-attr]
             self.stop()
             raise OverlayUnavailable(f"overlayfs could not be mounted in a user namespace here: {why or 'no reason'}")
+        self.ready = True
 
     @property
     def path(self) -> Path:
@@ -175,6 +194,7 @@ def overlay_supported(parent: str) -> str | None:
         (scratch / "lower" / "probe").write_text("x")
         view = OverlayView([scratch / "lower"], scratch / "upper", scratch / "work", scratch / "merged")
         try:
+            view.wait_ready()
             (view.path / "probe").write_text("y")
             ok = (scratch / "lower" / "probe").read_text() == "x" and (scratch / "upper" / "probe").exists()
         finally:
