@@ -10,14 +10,17 @@ plain process, on tasks the tests make themselves (so it runs anywhere, without 
 
 For each: ``reset`` over a plain copy of the same workspace into a fresh folder, and ``validate`` over plain
 ``python evaluate.py`` (medians, measured alternately in this run; the episode's first validate is timed apart, as in
-``bench_evaluation.py``). Ratios only: no absolute time is a verdict.
+``bench_evaluation.py``). Ratios only: no absolute time is a verdict. Each path is measured idle and busy (one busy
+process per core beside both sides, ``bench_evaluation.neighbours``); validate's targets are ``bench_evaluation``'s
+(1.5x idle, 3x busy; issue 52).
 
-    python bench/bench_evaluation_paths.py [--repeats 3] [--quick] [--paths rl,hub]
+    python bench/bench_evaluation_paths.py [--repeats 3] [--quick] [--paths rl,hub] [--loads idle,busy]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -31,7 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_evaluation, wh
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "backends"))
 
-from bench_evaluation import load, plain_command, plain_folder, plain_then_validate  # noqa: E402
+from bench_evaluation import (  # noqa: E402
+    LOADS,
+    load,
+    neighbours,
+    plain_command,
+    plain_folder,
+    plain_then_validate,
+    target,
+)
 
 
 @dataclass
@@ -75,15 +86,17 @@ def hub_setup(folder: Path) -> tuple[object, str, dict[str, str]]:
 PATHS = {"rl": rl_setup, "hub": hub_setup}
 
 
-def measure(path: str, repeats: int) -> Measured:
+def measure(path: str, repeats: int, load_name: str = "idle") -> Measured:
     """Alternate runs of each side: ``reset`` then a plain copy, the task's command, plain ``evaluate.py`` then
-    ``validate``; the first validate (nothing started ahead for it) apart."""
+    ``validate``; the first validate (nothing started ahead for it) apart; all beside the ``neighbours`` of
+    ``load_name``."""
     from mlgym_registry.backends.local import LocalBackend
 
     with tempfile.TemporaryDirectory(prefix=f"bench-paths-{path}-") as scratch:
         spec, command, extra = PATHS[path](Path(scratch))
         backend = LocalBackend(spec, seed=0)
         seed = {"evaluation_seed": 0}  # the plain run's MLGYM_REGISTRY_EVAL_SEED: both sides score the same episodes
+        busy = contextlib.ExitStack()
         try:
             backend.reset(options=seed)
             backend.install_tools()
@@ -92,6 +105,7 @@ def measure(path: str, repeats: int) -> Measured:
                 raise RuntimeError(f"{path}: `{command}` failed: {output}")
             folder = plain_folder(backend, Path(scratch))
             env = {**os.environ, **extra, "MLGYM_REGISTRY_EVAL_SEED": "0"}
+            busy.enter_context(neighbours(load_name))
             started = time.perf_counter()
             backend.step("validate")  # the episode's first: nothing was started ahead for it
             first = time.perf_counter() - started
@@ -110,6 +124,7 @@ def measure(path: str, repeats: int) -> Measured:
                 ours.append(our_seconds)
                 score = f"{info['score'][-1]} (plain: {printed.strip().splitlines()[-1]})"
         finally:
+            busy.close()
             backend.close()
     median = statistics.median
     return Measured(median(resets), median(copies), median(ours), median(plain), first, score)
@@ -121,7 +136,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side per path (median)")
     parser.add_argument("--quick", action="store_true", help="one run of each side")
     parser.add_argument("--paths", default="rl,hub", help="comma-separated: rl, hub (default both)")
+    parser.add_argument("--loads", default="idle,busy",
+                        help="comma-separated: idle, busy (one busy process per core beside both sides)")
     args = parser.parse_args(argv)
+    loads = [name for name in args.loads.split(",") if name]
+    if set(loads) - set(LOADS):
+        parser.error(f"--loads: known are {', '.join(LOADS)}")
     started = time.perf_counter()
     repeats = 1 if args.quick else max(1, args.repeats)
     print(f"load averages at start: {load()}")
@@ -134,14 +154,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 print("hub: skipped, the datasets library is not installed")
                 continue
             datasets.disable_progress_bars()
-        found = measure(path, repeats)
-        ratios[f"{path}_validate"] = found.validate / found.plain
-        ratios[f"{path}_reset"] = found.reset / found.copy
-        print(f"{path:<4} validate {found.validate:6.2f} s   plain evaluate.py {found.plain:6.2f} s   ratio "
-              f"{found.validate / found.plain:6.2f}   first of the episode {found.first:.2f} s "
-              f"({found.first / found.plain:.2f}x)   score {found.score}")
-        print(f"{path:<4} reset    {found.reset:6.2f} s   plain copy of the workspace {found.copy:6.3f} s   ratio "
-              f"{found.reset / found.copy:6.1f}   (reset over plain evaluate.py: {found.reset / found.plain:.2f})")
+        for load_name in loads:
+            found = measure(path, repeats, load_name)
+            key = path if load_name == "idle" else f"{path}_{load_name}"
+            ratio = ratios[f"{key}_validate"] = found.validate / found.plain
+            ratios[f"{key}_reset"] = found.reset / found.copy
+            name = path if load_name == "idle" else f"{path} ({load_name})"
+            verdict = "met" if ratio <= target(load_name) else "NOT met"
+            print(f"{name:<11} validate {found.validate:6.2f} s   plain evaluate.py {found.plain:6.2f} s   ratio "
+                  f"{ratio:6.2f} (target <= {target(load_name):g}: {verdict})   first of the episode "
+                  f"{found.first:.2f} s ({found.first / found.plain:.2f}x)   score {found.score}")
+            print(f"{name:<11} reset    {found.reset:6.2f} s   plain copy of the workspace {found.copy:6.3f} s   "
+                  f"ratio {found.reset / found.copy:6.1f}   (reset over plain evaluate.py: "
+                  f"{found.reset / found.plain:.2f})")
     print(f"load averages at end: {load()}")
     print(f"done in {time.perf_counter() - started:.1f} s")
     return ratios

@@ -45,8 +45,12 @@ def test_evaluation_bench_quick_prints_each_ratio_with_its_target(capsys):
     assert "prisonersDilemma" in ratios and all(math.isfinite(v) and v > 0 for v in ratios.values())
     assert re.search(r"prisonersDilemma +validate +[\d.]+ s +plain evaluate\.py +[\d.]+ s +ratio +[\d.]+ "
                      r"\(target <= 1\.5: (met|NOT met)\)", out)
+    # beside one busy process per core, both sides alike
+    assert re.search(r"prisonersDilemma \(busy\) +validate +[\d.]+ s +plain evaluate\.py +[\d.]+ s +ratio +[\d.]+ "
+                     r"\(target <= 3: (met|NOT met)\)", out)
     if "mlgym/prisonersDilemma" in ratios:
-        assert re.search(r"mlgym/prisonersDilemma .*\(target <= 3: (met|NOT met)\)", out)
+        assert re.search(r"mlgym/prisonersDilemma +validate .*\(target <= 1\.5: (met|NOT met)\)", out)
+        assert re.search(r"mlgym/prisonersDilemma \(busy\) +validate .*\(target <= 3: (met|NOT met)\)", out)
     else:
         assert "MLGYM_ROOT does not point at an MLGym checkout" in out
     assert "done in" in out
@@ -61,7 +65,10 @@ def test_evaluation_paths_bench_quick_prints_reset_and_validate_ratios_of_the_rl
     paths = ["rl"] + (["hub"] if importlib.util.find_spec("datasets") else [])
     for path in paths:
         assert {f"{path}_validate", f"{path}_reset"} <= set(ratios)
-        assert re.search(rf"{path} +validate +[\d.]+ s +plain evaluate\.py +[\d.]+ s +ratio +[\d.]+", out)
+        assert re.search(rf"{path} +validate +[\d.]+ s +plain evaluate\.py +[\d.]+ s +ratio +[\d.]+ "
+                         r"\(target <= 1\.5: (met|NOT met)\)", out)
+        assert re.search(rf"{path} \(busy\) +validate +[\d.]+ s +plain evaluate\.py +[\d.]+ s +ratio +[\d.]+ "
+                         r"\(target <= 3: (met|NOT met)\)", out)
         assert re.search(rf"{path} +reset +[\d.]+ s +plain copy of the workspace +[\d.]+ s +ratio +[\d.]+", out)
     # both sides score the same episodes: the same numbers
     score = re.search(r"rl +validate .*score (\{.*\}) \(plain: (\{.*\})\)", out)
