@@ -1,0 +1,88 @@
+"""``ChainEnv.fork``: children in exactly the parent's state, the chain's counts included, stepped from clones of the
+tensordict the caller holds; over the real local backend (the mini Prisoner's Dilemma: a validate in a fraction of a
+second)."""
+
+from __future__ import annotations
+
+import pytest
+from security.helpers import HONEST, mini_prisoners_spec
+
+from mlgym_registry import registry
+from mlgym_registry.errors import EnvMisuseError
+
+
+def fenced(command: str) -> str:
+    return f"DISCUSSION\nNext.\n```\n{command}\n```\n"
+
+
+def respond(env, td, text):
+    td["text", "response"] = text
+    td = env.step(td)
+    return td["next"], env.step_mdp(td)
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    return mini_prisoners_spec(tmp_path_factory.mktemp("mini_pd_fork"))
+
+
+@pytest.fixture
+def episode(spec):
+    """A parent three turns in: a strategy written, a format error, a scored validate."""
+    env = registry.make(spec, max_format_errors=3)
+    env.set_seed(0)
+    td = env.reset()
+    _, td = respond(env, td, fenced(f"cat > strategy.py <<'EOF'\n{HONEST}EOF"))
+    _, td = respond(env, td, "no command")
+    nxt, td = respond(env, td, fenced("validate"))
+    assert nxt["reward"].item() != 0
+    yield env, td
+    env.close()
+
+
+def test_children_keep_every_count_of_the_chain_and_the_conversation(episode):
+    parent, td = episode
+    children = parent.fork(2)
+    try:
+        base = parent.base_env
+        for child in children:
+            cb = child.base_env
+            assert cb.backend is not base.backend
+            assert (cb.turns, cb.format_errors, cb.evaluations) == (base.turns, base.format_errors, base.evaluations)
+            assert cb.backend.current_step == base.backend.current_step and cb.backend._scores == base.backend._scores
+        # the reward's best so far is carried: validating the same strategy again pays nothing, in each of them
+        rewards = []
+        for env in (*children, parent):
+            nxt, _ = respond(env, td.clone(), fenced("validate"))
+            rewards.append(nxt["reward"].item())
+            prompt = nxt["history", "prompt"][0]
+            assert len(prompt) == len(td["history", "prompt"][0]) + 2  # the parent's conversation, one turn on
+        assert rewards == [0.0, 0.0, 0.0]
+    finally:
+        for child in children:
+            child.close()
+
+
+def test_each_child_goes_its_own_way_and_outlives_the_parent(episode):
+    parent, td = episode
+    first, second = parent.fork(2)
+    try:
+        respond(first, td.clone(), fenced("echo first > mine.txt"))
+        respond(second, td.clone(), fenced("echo second > mine.txt"))
+        parent.close()
+        nxt, _ = respond(first, td.clone(), fenced("cat mine.txt"))
+        assert "first" in nxt["history", "prompt"][0, -1].content
+        nxt, _ = respond(second, td.clone(), fenced("cat mine.txt"))
+        assert "second" in nxt["history", "prompt"][0, -1].content
+    finally:
+        first.close()
+        second.close()
+
+
+def test_fork_before_reset_says_what_to_do(spec):
+    env = registry.make(spec)
+    try:
+        with pytest.raises(EnvMisuseError, match=r"reset\(\)"):
+            env.fork(1)
+    finally:
+        env.close()
