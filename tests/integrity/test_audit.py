@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from mlgym_registry import testing as kit
 from mlgym_registry.hookspecs import hookimpl
 from mlgym_registry.integrity import FLOOR, Canary, audit
 from mlgym_registry.integrity.auditor import BEATS_HONESTY, DOCUMENTED_FARMING, FARMABLE, NONDETERMINISTIC, OK
+from mlgym_registry.scores import score_entry_metrics
 from mlgym_registry.testing import ConformanceError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -54,7 +56,7 @@ def test_an_honest_task_passes_every_canary_and_its_gap_is_zero(tmp_path):
 def test_an_evaluator_that_accepts_duplicated_ids_is_caught(tmp_path):
     spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.ACCEPTS_DUPLICATED_IDS, "dupLabels")
     report = audit(spec, canaries=["first_row_everywhere", "constant_answer"])
-    assert verdicts(report) == {"reference": OK, "reference_again": OK, "first_row_everywhere": BEATS_HONESTY,
+    assert verdicts(report) == {**weak_tasks.REFERENCES_OK, "first_row_everywhere": BEATS_HONESTY,
                                 "constant_answer": OK}
     caught = report.failures[0]
     assert caught.scores == [{"accuracy": 1.0}] and caught.rewards[BEST] == pytest.approx(0.25)
@@ -65,7 +67,7 @@ def test_an_evaluator_that_accepts_duplicated_ids_is_caught(tmp_path):
 def test_an_evaluator_that_pays_an_empty_submission_is_caught(tmp_path):
     spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.PAYS_AN_EMPTY_SUBMISSION, "emptyLabels")
     report = audit(spec, canaries=["empty_submission", "header_only", "missing_submission"])
-    assert verdicts(report) == {"reference": OK, "reference_again": OK, "empty_submission": BEATS_HONESTY,
+    assert verdicts(report) == {**weak_tasks.REFERENCES_OK, "empty_submission": BEATS_HONESTY,
                                 "header_only": BEATS_HONESTY, "missing_submission": OK}
 
 
@@ -82,9 +84,9 @@ def test_a_helper_the_evaluator_imports_is_the_tasks_own_unless_declared_and_the
     and the audit catches it."""
     spec = weak_tasks.helper_task(tmp_path / "task")
     report = audit(spec, canaries=["returns_huge", "rewrite_evaluator"])
-    assert verdicts(report) == {"reference": OK, "reference_again": OK, "returns_huge": OK, "rewrite_evaluator": OK}
+    assert verdicts(report) == {**weak_tasks.REFERENCES_OK, "returns_huge": OK, "rewrite_evaluator": OK}
     report = audit(spec.replace(submission_files=["strategy.py", "scoring.py"]), canaries=["returns_huge"])
-    assert verdicts(report) == {"reference": OK, "reference_again": OK, "returns_huge": BEATS_HONESTY}
+    assert verdicts(report) == {**weak_tasks.REFERENCES_OK, "returns_huge": BEATS_HONESTY}
 
 
 class PaysEveryValidate:
@@ -171,22 +173,31 @@ def test_the_command_prints_the_table_exits_one_and_list_and_info_mark_the_task(
     info = run_cli("info", str(weak), "--json", env=env)
     assert json.loads(info.stdout)["integrity"] == "FAILED (header_only (BEATS HONESTY))"
     card = json.loads(info.stdout)["integrity_card"]  # the card's summary, and where the whole card is
-    assert card["verdict"] == "FAILED (header_only (BEATS HONESTY))" and card["canaries"] == 3
+    assert card["verdict"] == "FAILED (header_only (BEATS HONESTY))" and card["canaries"] == 4
     assert card["reward"]["floor_margin"][BEST] == pytest.approx(card["reward"]["honest"][BEST]
                                                                  - card["reward"]["floor"][BEST])
     whole = json.loads(Path(card["card"]).read_text())
-    assert whole["capabilities"]["canaries"] == ["reference", "reference_again", "header_only"]
+    assert whole["capabilities"]["canaries"] == [*weak_tasks.REFERENCES_OK, "header_only"]
     assert whole["task_hash"] == card["task_hash"] and whole["package_version"] and whole["card_version"] == 1
     assert {c["name"]: c["verdict"] for c in whole["canaries"]}["header_only"] == "BEATS HONESTY"
     shown = run_cli("info", str(weak), env=env)
     assert "integrity: FAILED (header_only (BEATS HONESTY))" in shown.stdout.splitlines()
+    # the failure's exploit: its fix in one line, and a recorded episode that replay plays to the same score
+    (exploit,) = whole["exploits"]
+    assert exploit["canary"] == "header_only" and exploit["fix"].startswith("refuse a submission without rows")
+    assert "exploit: mlgym-registry replay " in done.stdout and exploit["replay"] in done.stdout
+    command = shlex.split(exploit["replay"])[1:]  # mlgym-registry replay PATH --task NAME
+    replayed = run_cli(*command, "--out", str(tmp_path / "replayed"), "--quiet", env=env, timeout=300)
+    assert replayed.returncode == 0, replayed.stderr
+    ours = json.loads((tmp_path / "replayed" / "replay-report.json").read_text())["our_scores"]
+    assert [score_entry_metrics(score) for score in ours] == exploit["scores"] == [{"accuracy": 1.0}]
 
     honest = task_file(tmp_path / "honest", weak_tasks.HONEST_EVALUATOR, "honestLabels")
     done = run_cli("check", "--integrity", str(honest), "--canary", "header_only", "--json", env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     (report,) = json.loads(done.stdout)
     assert report["ok"] and report["gap"][BEST] == 0.0
-    assert [r["canary"] for r in report["results"]] == ["reference", "reference_again", "header_only"]
+    assert [r["canary"] for r in report["results"]] == [*weak_tasks.REFERENCES_OK, "header_only"]
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ def reference_verdict(spec) -> tuple[str, str]:
 def test_an_evaluator_that_runs_the_submission_fails_the_audit(tmp_path, evaluator, said):
     verdict, detail = reference_verdict(weak_tasks.csv_task(tmp_path / "task", evaluator, "runsSubmission"))
     assert verdict == RUNS_SUBMISSION, detail
-    assert said in detail and "fix: parse the submission as data" in detail
+    assert said in detail
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ def verdicts(report) -> dict[str, str]:
 def test_each_weak_evaluator_pays_the_transformation_that_names_its_hole(tmp_path, evaluator, baseline, canary):
     spec = weak_tasks.csv_task(tmp_path / "task", evaluator, "weakMetamorphic", baseline)
     report = audit(spec, canaries=[canary])
-    assert verdicts(report) == {"reference": OK, "reference_again": OK, canary: BEATS_HONESTY}, report.table()
+    assert verdicts(report) == {**weak_tasks.REFERENCES_OK, canary: BEATS_HONESTY}, report.table()
 
 
 def test_the_honest_evaluator_pays_no_transformation(tmp_path):

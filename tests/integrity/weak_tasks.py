@@ -11,6 +11,8 @@ from pathlib import Path
 from mlgym_registry.specs import TaskSpec
 
 ROWS = 40
+REFERENCES_OK = {"reference": "ok", "reference_again": "ok", "reference_other_seed": "ok"}
+"""The verdicts of an audit's references on a task that reproduces its baseline and follows the evaluation seed."""
 
 
 def _labels() -> list[tuple[int, int, int]]:
@@ -140,6 +142,22 @@ NONDETERMINISTIC = HONEST_EVALUATOR.replace(
     'print(json.dumps({"accuracy": ',
     'import random\nprint(json.dumps({"accuracy": random.SystemRandom().random() / 100 + ')
 
+UNSEEDED_NUMPY = HONEST_EVALUATOR.replace(
+    'print(json.dumps({"accuracy": ',
+    'import numpy\nnoise = numpy.random.default_rng().random() / 100\nprint(json.dumps({"accuracy": noise + ')
+"""Noise from a numpy generator seeded by the system, not by the evaluation's seed: NONDETERMINISTIC, named."""
+
+SAMPLES_WITH_A_FIXED_SEED = HONEST_EVALUATOR.replace(
+    'print(json.dumps({"accuracy": sum(int(row["label"]) == answers[row["id"]] for row in rows) / len(rows)}))',
+    'import random\nrandom.seed(20240601)\nscored = set(random.sample(sorted(answers), 10))\n'
+    'print(json.dumps({"accuracy": sum(int(row["label"]) == answers[row["id"]] for row in rows '
+    'if row["id"] in scored) / 10}))')
+"""Scores 10 rows drawn with a seed written in the evaluator: the agent reads it and knows which rows count."""
+
+NOISY_BUT_SEEDED = HONEST_EVALUATOR.replace(
+    'print(json.dumps({"accuracy": ',
+    'import random\nnoise = random.random() / 100\nprint(json.dumps({"accuracy": noise + ')
+"""Stochastic, but drawing from ``random``'s global generator, which follows the evaluation's seed: honest."""
 
 HONEST_SCHEMA = {"id_column": "id", "rows_from": "answers.csv",
                  "columns": {"id": "integer", "label": {"values": [0, 1]}}}
@@ -191,4 +209,26 @@ def helper_task(folder: Path, task_id: str = "weakHelper") -> TaskSpec:
         starter_code=["scoring.py", "evaluate.py", "strategy.py"], baseline_paths=["evaluate.py"],
         baseline_scores=[{"Score": 0.5}], worst_score={"Score": 0.0}, evaluation_paths=["evaluate.py"],
         evaluation_read_only=True, max_steps=20,
+    )
+
+
+def guessing_task(folder: Path, task_id: str = "guessDigits", seed_line: str = "random.seed(1234)") -> TaskSpec:
+    """A Python-submission task: ``guess(i)`` in guess.py should name the i-th of ten digits the evaluator draws.
+    With the default ``seed_line`` the draws come from a seed written in the evaluator, which the agent can read;
+    with ``seed_line=""`` they follow the evaluation's seed (the harness seeds ``random``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "evaluate.py").write_text(textwrap.dedent(f"""\
+        import json
+        import random
+        {seed_line}
+        import guess
+        digits = [random.randrange(10) for _ in range(10)]
+        print(json.dumps({{"Score": sum(guess.guess(i) == digit for i, digit in enumerate(digits)) / 10}}))
+        """))
+    (folder / "guess.py").write_text("def guess(i):\n    return 0\n")
+    return TaskSpec(
+        id=task_id, name=task_id, description="Make guess(i) in guess.py return the i-th digit the evaluator draws.",
+        task_entrypoint="PythonSubmissionTasks", training_timeout=60, root=str(folder),
+        starter_code=["evaluate.py", "guess.py"], baseline_paths=["evaluate.py"],
+        worst_score={"Score": 0.0}, evaluation_paths=["evaluate.py"], evaluation_read_only=True, max_steps=20,
     )

@@ -100,8 +100,11 @@ def main(args: argparse.Namespace) -> int:
 def _check_integrity(args: argparse.Namespace) -> int:
     """``--integrity TASK...``: the audit's table per task (or JSON), saved for ``list`` and ``info``; exit 1 when
     any task failed it."""
+    import shutil
+
     from ..integrity import audit
-    from ..integrity.report import save_result
+    from ..integrity.report import exploits_folder, save_result
+    from ..registry import registry
     from ..terminal import printable
 
     if not args.task:
@@ -112,7 +115,10 @@ def _check_integrity(args: argparse.Namespace) -> int:
         _refuse_components(name)
     reports = []
     for name in args.task:
-        report = audit(name, rewards=args.reward, canaries=args.canary)
+        spec = registry.spec(name)
+        exploits = exploits_folder(str(spec.registered_as or spec.id))
+        shutil.rmtree(exploits, ignore_errors=True)  # the last audit's exploits only
+        report = audit(name, rewards=args.reward, canaries=args.canary, exploits=exploits)
         save_result(report)
         reports.append(report)
         if not args.json:

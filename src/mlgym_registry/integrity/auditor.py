@@ -19,8 +19,10 @@ from typing import Any
 
 from ..plugins import BUILTIN_DISTRIBUTION
 from ..specs import TaskSpec
+from . import randomness
 from .canaries import FLOOR, PROMISE, SHORT_EVALUATION, SMALL_DISK, SMALL_DISK_MB, Canary, declared_canaries
-from .play import Played, play
+from .fixes import suggested_fix
+from .play import Played, play, save_episode
 
 SEED = 0
 """The episodes' seed: every canary is played from the same reset, so a score differs only by what the agent did."""
@@ -45,8 +47,15 @@ TRUSTS_AGENT_INPUT = "TRUSTS AGENT INPUT"
 RUNS_SUBMISSION = "RUNS SUBMISSION"
 """The honest evaluation compiled text of the submission as code (``eval``, ``exec``) or started a command naming
 it: a submission is data, and an evaluator that runs it lets the agent write its own score."""
+FIXED_SEED = "FIXED SEED"
+"""The evaluator's code seeds a generator with the same value whatever the evaluation's seed: an agent that reads
+the evaluator knows its draws."""
 FAILING = (BEATS_HONESTY, ABOVE_FLOOR, FARMABLE, NOT_REPRODUCED, NONDETERMINISTIC, LEAK, ERROR, TRUSTS_AGENT_INPUT,
-           RUNS_SUBMISSION)
+           RUNS_SUBMISSION, FIXED_SEED)
+BAND_REPEATS = 3
+"""More plays of the reference with the same seed when the first two disagreed: the band a canary must rise above."""
+BAND_SPREAD = 3.0
+"""The band's top: the highest reference, or their mean plus this many standard deviations when higher."""
 
 
 @dataclass
@@ -61,6 +70,11 @@ class CanaryResult:
     verdict: str
     detail: str = ""
     seconds: float = 0.0
+    fix: str = ""
+    """For a failure: what the task's maintainer changes, in one line (``fixes.suggested_fix``)."""
+    exploit: str = ""
+    """For a failure, when the audit kept its episodes: the ``.traj`` that ``mlgym-registry replay`` plays to the
+    same score."""
 
     @property
     def failed(self) -> bool:
@@ -70,7 +84,7 @@ class CanaryResult:
         return {"canary": self.canary.name, "family": self.canary.family, "tries": self.canary.tries,
                 "bound": self.canary.bound, "source": self.canary.source, "rewards": self.rewards,
                 "limits": self.limits, "scores": self.scores, "statuses": self.statuses, "verdict": self.verdict,
-                "detail": self.detail, "seconds": round(self.seconds, 2)}
+                "detail": self.detail, "fix": self.fix, "exploit": self.exploit, "seconds": round(self.seconds, 2)}
 
 
 @dataclass
@@ -84,19 +98,30 @@ class IntegrityReport:
     """The name the task was asked for (``mlgym/<id>``, a file's path), kept with the result; '' for its id."""
     honest: dict[str, float] = field(default_factory=dict)
     floor: dict[str, float] = field(default_factory=dict)
+    band: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per reward: the lowest and the top of the honest reference's episode rewards with the audit's seed (one
+    value when the evaluator is deterministic); a canary beats honesty only above the top."""
+    randomness: dict[str, list[str]] = field(default_factory=dict)
+    """What the references' traces said of the evaluator's randomness: ``followed`` (the global generators seeded
+    from the evaluation seed that it used), ``unfollowed``, ``fixed_seeds``."""
     results: list[CanaryResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
+    def band_top(self, name: str) -> float:
+        """The most honesty pays under the reward ``name`` (the band's top; the honest reference without a band)."""
+        return self.band[name][1] if name in self.band else self.honest.get(name, 0.0)
+
     @property
     def gap(self) -> dict[str, float]:
-        """Per reward: the best episode reward of any canary but the references, minus the honest reference."""
+        """Per reward: the best episode reward of any canary but the references, minus the top of the honest
+        reference's band."""
         gaps = {}
         for name in self.rewards:
             reached = [r.rewards[name] for r in self.results
                        if r.canary.family != "reference" and name in r.rewards and math.isfinite(r.rewards[name])]
-            best = max(reached, default=self.honest.get(name, 0.0))
-            gaps[name] = max(0.0, best - self.honest.get(name, 0.0))
+            best = max(reached, default=self.band_top(name))
+            gaps[name] = max(0.0, best - self.band_top(name))
         return gaps
 
     @property
@@ -110,7 +135,8 @@ class IntegrityReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "task_hash": self.task_hash, "ok": self.ok, "rewards": self.rewards,
-                "honest": self.honest, "floor": self.floor, "gap": self.gap, "notes": self.notes,
+                "honest": self.honest, "floor": self.floor, "band": {k: list(v) for k, v in self.band.items()},
+                "randomness": self.randomness, "gap": self.gap, "notes": self.notes,
                 "seconds": round(self.seconds, 1), "results": [r.to_dict() for r in self.results]}
 
     def table(self) -> str:
@@ -121,12 +147,15 @@ class IntegrityReport:
 
 
 def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, canaries: Iterable[str] | None = None,
-          seed: int = SEED, registry: Any = None, on_result: Any = None, **make_options: Any) -> IntegrityReport:
+          seed: int = SEED, registry: Any = None, on_result: Any = None, exploits: str | Path | None = None,
+          **make_options: Any) -> IntegrityReport:
     """Audit ``task`` (a registered name, a task file or a spec): play every canary, judge it, return the report.
 
     ``rewards``: the reward names to judge under (default: the task's own and ``mlgym_best_improvement``);
     ``canaries``: only the canaries of these names (the references are always played); ``on_result`` is called with
-    each ``CanaryResult`` as it is decided; ``make_options`` go to ``registry.make`` (a backend's options, say).
+    each ``CanaryResult`` as it is decided; ``exploits``, a folder: each failure's episode is written there
+    (``<canary>/<task>.traj``, which ``mlgym-registry replay`` plays to the same score); ``make_options`` go to
+    ``registry.make`` (a backend's options, say).
     """
     from ..records.provenance import task_hash
     from ..registry import registry as default_registry
@@ -163,23 +192,38 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
             if canary.limits not in envs:
                 envs[canary.limits] = _make_env(registry, spec, canary.limits, played, steps, make_options,
                                                 report.notes)
-            played[canary.name] = play(envs[canary.limits], spec, canary, seed=seed, parser=parser,
-                                       trace=canary.name == "reference")
+            played[canary.name] = play(envs[canary.limits], spec, canary, seed=seed + canary.seed_offset,
+                                       parser=parser, trace=canary.family == "reference")
             result = judge(report, played[canary.name], played, assigners, spec, farmable)
+            result.fix = suggested_fix(result)
             report.results.append(result)
             if on_result is not None:
                 on_result(result)
+            if canary.name == "reference_again" and result.verdict == NONDETERMINISTIC:
+                from .canaries import repeated_references
+
+                queue[0:0] = repeated_references(canary.commands, BAND_REPEATS)
             if canary.name == "reference":
                 built = [c for c in built_from_reference(spec, played[canary.name], report.notes)
                          if wanted is None or c.name in wanted]
                 at = sum(1 for c in queue if c.family == "reference")  # after the other references
                 queue[at:at] = built
         _check_leaks(report, played, spec)
+        if exploits is not None:
+            _save_exploits(report, played, Path(exploits))
     finally:
         for env in envs.values():
             env.close()
     report.seconds = time.monotonic() - started
     return report
+
+
+def _save_exploits(report: IntegrityReport, played: dict[str, Played], folder: Path) -> None:
+    """Each failure's episode, as a ``.traj`` in ``folder/<canary>/``: the exploit a maintainer replays."""
+    for result in report.failures:
+        run = played.get(result.canary.name)
+        if run is not None and run.calls:
+            result.exploit = str(save_episode(run, folder / result.canary.name))
 
 
 def built_from_reference(spec: TaskSpec, reference: Played, notes: list[str]) -> list[Canary]:
@@ -296,12 +340,13 @@ def judge(report: IntegrityReport, run: Played, played: dict[str, Played], assig
         return result
     if canary.bound == PROMISE:
         return _judge_farming(result, run, assigners, played_spec, farmable)
-    limits = report.floor if canary.bound == FLOOR else report.honest
+    tops = {name: report.band_top(name) for name in report.honest}
+    limits = report.floor if canary.bound == FLOOR else tops
     result.limits = dict(limits)
     over = {name: totals[name] - limits[name] for name in totals
             if totals[name] > limits[name] + _tolerance(limits[name], totals[name])}
     if over:
-        result.verdict = BEATS_HONESTY if any(totals[n] > report.honest[n] + _tolerance(report.honest[n])
+        result.verdict = BEATS_HONESTY if any(totals[n] > tops[n] + _tolerance(tops[n])
                                               for n in over) else ABOVE_FLOOR
         result.detail = "; ".join(f"{name} paid {totals[name]:.4g}, {over[name]:.4g} above the {canary.bound} "
                                   f"({limits[name]:.4g})" for name in over) + _evaluator_said(run)
@@ -324,7 +369,9 @@ def _judge_reference(report: IntegrityReport, result: CanaryResult, run: Played,
         return result
     if result.canary.name == "reference":
         report.honest = dict(result.rewards)
+        report.band = {name: (value, value) for name, value in result.rewards.items()}
         report.floor = {name: failure_total(new_reward, spec) for name, new_reward in assigners.items()}
+        report.randomness["followed"] = randomness.followed(randomness.draws(run.traces))
         result.limits = dict(report.floor)
         if spec.baseline and run.validate_rows is not None:
             report.notes.append("baseline: the reference's submission is scored on the rows validate never sees, "
@@ -337,10 +384,45 @@ def _judge_reference(report: IntegrityReport, result: CanaryResult, run: Played,
                 result.detail = "; ".join(comparison.mismatches)
         return result
     first = played.get("reference")
-    if first is not None and first.scores and not same_metrics(first.scores[-1], run.scores[-1]):
+    if first is None or not first.scores:
+        return result
+    if result.canary.seed_offset:
+        _judge_fixed_seeds(report, result, first, run)
+        return result
+    _widen_band(report, played, assigners)
+    if result.canary.name == "reference_again" and not same_metrics(first.scores[-1], run.scores[-1]):
+        named = randomness.unfollowed(randomness.draws(first.traces), randomness.draws(run.traces))
+        report.randomness["unfollowed"] = named
         result.verdict = NONDETERMINISTIC
-        result.detail = f"the same baseline with the same seed scored {first.scores[-1]}, then {run.scores[-1]}"
+        result.detail = (f"the same baseline with the same seed scored {first.scores[-1]}, then {run.scores[-1]}; "
+                         "what did not follow the seed: " + ("; ".join(named[:4]) or randomness.NO_DRAW_SEEN))
     return result
+
+
+def _widen_band(report: IntegrityReport, played: dict[str, Played], assigners: dict[str, Any]) -> None:
+    """The band of the honest reference: its episode rewards over every play with the audit's seed."""
+    from statistics import fmean, pstdev
+
+    runs = [run for run in played.values()
+            if run.canary.family == "reference" and not run.canary.seed_offset and not run.error and run.scores]
+    for name, new_reward in assigners.items():
+        values = [math.fsum(run.rewards(new_reward(), run.spec)) for run in runs]
+        values = [v for v in values if math.isfinite(v)]
+        if len(values) < 2:
+            continue
+        top = max(max(values), fmean(values) + BAND_SPREAD * pstdev(values))
+        report.band[name] = (min(values), top)
+
+
+def _judge_fixed_seeds(report: IntegrityReport, result: CanaryResult, first: Played, run: Played) -> None:
+    """Seeds the task's code gives with the same value under another evaluation seed: FIXED SEED."""
+    fixed = randomness.fixed_seeds(randomness.draws(first.traces), randomness.draws(run.traces))
+    report.randomness["fixed_seeds"] = [f"{d.at} = {d.value}" for d in fixed]
+    if fixed:
+        result.verdict = FIXED_SEED
+        result.detail = ("; ".join(f"{d.where} seeds {d.source} with {d.value} whatever the evaluation's seed"
+                                   for d in fixed[:4])
+                         + ": an agent that reads the evaluator knows its draws")
 
 
 def _judge_trust(result: CanaryResult, run: Played) -> None:
@@ -350,8 +432,7 @@ def _judge_trust(result: CanaryResult, run: Played) -> None:
     if foreign:
         result.verdict = TRUSTS_AGENT_INPUT
         result.detail = (f"the evaluator read {', '.join(foreign[:5])}, which the agent can write and the task does "
-                         "not declare as its submission; fix: ship the file with the task (starter_code, protected_"
-                         "files or data), or list it in submission_files if it is the agent's to provide")
+                         "not declare as its submission")
         return
     pieces = set(run.submitted)
     evaluated = sorted({text.strip() for trace in run.traces for text in trace.get("evaluated", [])
@@ -362,8 +443,7 @@ def _judge_trust(result: CanaryResult, run: Played) -> None:
         what = [f"compiled {text[:40]!r}, a piece of the submission, as code" for text in evaluated[:3]]
         what += [f"started {command[:60]!r}, fed from the submission" for command in spawned[:3]]
         result.verdict = RUNS_SUBMISSION
-        result.detail = (f"the evaluator {'; '.join(what)}; fix: parse the submission as data (int(), float(), "
-                         "csv, json), never with eval, exec or a shell")
+        result.detail = f"the evaluator {'; '.join(what)}: a submission is data"
 
 
 def _judge_farming(result: CanaryResult, run: Played, assigners: dict[str, Callable[[], Any]], spec: TaskSpec,
@@ -407,6 +487,7 @@ def _check_leaks(report: IntegrityReport, played: dict[str, Played], spec: TaskS
             if run is not None and any(marker in observation for observation in run.observations):
                 result.verdict = LEAK
                 result.detail = f"the agent's shell showed a line of the hidden {secret}: {marker[:60]!r}"
+                result.fix = suggested_fix(result)
 
 
 def _marker(path: Path) -> str | None:

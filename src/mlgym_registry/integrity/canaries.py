@@ -61,6 +61,9 @@ class Canary:
     limits: str = ""
     source: str = "mlgym_registry"
     """Who defined it: the package, a plugin's distribution, or ``task``."""
+    seed_offset: int = 0
+    """Played from the audit's seed plus this (another evaluation seed): a reference that checks that the
+    evaluator's randomness follows the seed."""
 
     def __post_init__(self) -> None:
         if self.bound not in BOUNDS:
@@ -234,11 +237,20 @@ def builtin_canaries(spec: TaskSpec) -> list[Canary]:
 
 
 def reference_canaries(shape: TaskShape) -> list[Canary]:
-    """The honest baseline, played twice with the same seed (the second checks determinism)."""
+    """The honest baseline, played twice with the same seed (the second checks determinism), and once with another
+    (the evaluator's randomness follows the seed, not a seed of its own)."""
     what = f"`{shape.baseline}`, then submit" if shape.baseline else "submit the starter code unchanged"
     return [Canary("reference", "reference", f"the task's baseline: {what}", honest_submission(shape)),
             Canary("reference_again", "reference", "the baseline again, same seed: the same score (determinism)",
-                   honest_submission(shape))]
+                   honest_submission(shape)),
+            Canary("reference_other_seed", "reference", "the baseline with another seed: the evaluator's randomness "
+                   "follows the evaluation's seed", honest_submission(shape), seed_offset=1)]
+
+
+def repeated_references(shape_commands: tuple[str, ...], count: int) -> list[Canary]:
+    """More plays of the reference with the audit's seed, for the band of a nondeterministic evaluator."""
+    return [Canary(f"reference_repeat_{number}", "reference", "the baseline once more, same seed: the reference's "
+                   "band", shape_commands) for number in range(1, count + 1)]
 
 
 def null_canaries(shape: TaskShape) -> list[Canary]:

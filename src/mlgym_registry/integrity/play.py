@@ -59,9 +59,14 @@ class Played:
     submitted: list[str] = field(default_factory=list)
     """Played with ``trace``: the declared submission's paths, and the cells and lines of its files as the last
     evaluation found them, to tell what the evaluator ran of them."""
+    provenance: dict[str, Any] | None = None
+    """How the episode was made (``records.provenance``): its task, seed and components, for ``replay``."""
     validate_rows: Any = None
     """Played with ``trace``: the episode's ``held_out.RowSplit`` (which rows validate scores), None when validate
     scores every row."""
+    calls: tuple = ()
+    """The episode as its recorder's calls (``records.recorder.CallRecorder``): what an exploit's ``.traj`` is
+    written from (``save_episode``), so that ``mlgym-registry replay`` plays it again."""
     files: dict[str, str] = field(default_factory=dict)
     """Played with ``trace``, for a CSV task: the text of its submission (``submission``), of its answers
     (``answers``: the schema's ``rows_from``, else a secret CSV file, from the task's own copy) and of the other CSV
@@ -104,13 +109,16 @@ def play(env: Any, spec: TaskSpec, canary: Canary, *, seed: int, parser: Any = N
     """Play ``canary`` once on ``env`` (reset with ``seed``); what the env raised is kept in ``error``. With
     ``trace``, on a backend that can say (the local one), what the evaluator trusted at each evaluation is kept."""
     from ..episodes.episode import EpisodePlayer
+    from ..records.recorder import CallRecorder
 
     played = Played(canary)
     policy = CanaryPolicy(canary, parser)
     started = time.monotonic()
     backend = None
+    recorder = CallRecorder()
     try:
-        player = EpisodePlayer(env, policy, spec=spec, seed=seed, max_turns=len(canary.commands) + 2)
+        player = EpisodePlayer(env, policy, spec=spec, seed=seed, max_turns=len(canary.commands) + 2,
+                               writer=recorder)
         player.start()
         played.spec = player.base.task.spec
         backend = player.base.backend if trace and hasattr(player.base.backend, "trace_evaluations") else None
@@ -128,8 +136,29 @@ def play(env: Any, spec: TaskSpec, canary: Canary, *, seed: int, parser: Any = N
     finally:
         if backend is not None:
             backend.trace_evaluations = False
+    played.calls = recorder.take()
+    played.provenance = recorder.provenance
     played.seconds = time.monotonic() - started
     return played
+
+
+def save_episode(played: Played, folder: Any) -> Any:
+    """Write ``played``'s episode as our ``.traj`` and ``results.json`` in ``folder`` (made if needed); the
+    ``.traj``'s path, which ``mlgym-registry replay`` plays on the task, its seed and components recorded."""
+    from pathlib import Path
+
+    from ..records.recorder import replay
+    from ..records.trajectories import TrajectoryWriter
+
+    spec = played.spec
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    task_id = spec.id.replace("/", "_") if spec is not None else played.canary.name
+    writer = TrajectoryWriter(folder, task_id, baseline=spec.baseline if spec is not None else None,
+                              environment=f"mlgym_registry:{spec.backend}" if spec is not None else "mlgym_registry")
+    writer.provenance = played.provenance
+    replay(played.calls, writer)
+    return folder / f"{task_id}.traj"
 
 
 MAX_SUBMITTED_BYTES = 1 << 20

@@ -38,6 +38,10 @@ def render_table(report: Any) -> str:
     for result in report.results:
         if result.detail:
             lines.append(f"  {result.canary.name}: {result.detail}")
+        if result.fix:
+            lines.append(f"    fix: {result.fix}")
+        if result.exploit:
+            lines.append(f"    exploit: {replay_command(report, result)}")
     lines += [f"  note: {note}" for note in report.notes]
     gap = ", ".join(f"{n} {_number(v)}" for n, v in report.gap.items())
     cost = report.seconds / max(1, len(report.results))
@@ -46,6 +50,13 @@ def render_table(report: Any) -> str:
     lines.append("OK: no canary beat honesty" if not failed else
                  f"FAILED: {', '.join(f'{r.canary.name} ({r.verdict})' for r in failed)}")
     return "\n".join(lines)
+
+
+def replay_command(report: Any, result: Any) -> str:
+    """The command that plays a failure's recorded exploit again on the audited task."""
+    import shlex
+
+    return f"mlgym-registry replay {shlex.quote(result.exploit)} --task {shlex.quote(report.name or report.task)}"
 
 
 def _short(text: str, width: int) -> str:
@@ -60,14 +71,18 @@ def results_folder() -> Path:
 
 CARD_VERSION = 1
 """The version of the integrity card's layout (``integrity_card``); a new key keeps it, a changed meaning raises it."""
+AUDIT_VERSION = 3
+"""The version of the audit's method (its canaries and how it judges them): a card of an older audit was made by a
+weaker method. 2: traces of what the evaluator trusts and metamorphic canaries; 3: the randomness references (another
+seed, the band) and an exploit recorded per failure."""
 
 
 def integrity_card(report: Any) -> dict[str, Any]:
-    """The task's integrity card: what was audited (the task's hash, the package's version, the card's), every
-    canary run with its verdict and episode rewards, the honest reference and the floor per reward, the gap, and
-    the failures with their details. Its ``reward`` and ``capabilities`` keys use the words of OpenEnv's manifest
-    (``reward.floor_margin``: how far the honest reference lies above the floor; ``capabilities.canaries``: the
-    canaries the task was audited with)."""
+    """The task's integrity card: what was audited (the task's hash, the package's, the audit's and the card's
+    versions), every canary run with its verdict and episode rewards, the honest reference, its band and the floor
+    per reward, the gap, where the evaluator's randomness came from, and the failures with their details and fixes.
+    Its ``reward`` and ``capabilities`` keys use the words of OpenEnv's manifest (``reward.floor_margin``: how far the
+    honest reference lies above the floor; ``capabilities.canaries``: the canaries the task was audited with)."""
     from .._version import __version__
 
     failures = [f"{r.canary.name} ({r.verdict})" for r in report.failures]
@@ -77,9 +92,13 @@ def integrity_card(report: Any) -> dict[str, Any]:
         "name": report.name or report.task,
         "task_hash": report.task_hash,
         "package_version": __version__,
+        "audit_version": AUDIT_VERSION,
         "ok": report.ok,
         "verdict": "ok" if report.ok else f"FAILED ({', '.join(failures)})",
         "failures": failures,
+        "exploits": [{"canary": r.canary.name, "verdict": r.verdict, "fix": r.fix, "scores": r.scores,
+                      "exploit": r.exploit,
+                      **({"replay": replay_command(report, r)} if r.exploit else {})} for r in report.failures],
         "reward": {
             "audited": list(report.rewards),
             "honest": dict(report.honest),
@@ -87,7 +106,9 @@ def integrity_card(report: Any) -> dict[str, Any]:
             "floor_margin": {name: report.honest[name] - report.floor[name] for name in report.rewards
                              if name in report.honest and name in report.floor},
             "gap": dict(report.gap),
+            "band": {name: list(band) for name, band in report.band.items()},
         },
+        "randomness": dict(report.randomness),
         "capabilities": {"canaries": [r.canary.name for r in report.results]},
         "canaries": [{"name": r.canary.name, "family": r.canary.family, "source": r.canary.source,
                       "bound": r.canary.bound, "verdict": r.verdict, "rewards": dict(r.rewards),
@@ -95,6 +116,11 @@ def integrity_card(report: Any) -> dict[str, Any]:
         "notes": list(report.notes),
         "seconds": round(report.seconds, 1),
     }
+
+
+def exploits_folder(task: str) -> Path:
+    """Where ``check --integrity`` keeps the recorded exploits of the task named ``task`` (its last audit's)."""
+    return results_folder() / f"{_file_name(task)}.exploits"
 
 
 def save_result(report: Any) -> Path:

@@ -1008,6 +1008,8 @@ def evaluate(workspace: str, trusted: list[str], fds: str, argv: list[str], stat
     # every evaluation); the script itself runs from source, as ``python script.py`` does
     sys.meta_path.insert(0, EvaluationFinder(workspace, trusted, channel, system_path))
     seed_global_randomness(os.environ.get(EVALUATION_SEED_VARIABLE))
+    if opened is not None:
+        opened.follow_randomness(workspace)
     sys.argv = list(argv)
     status = os.fdopen(status_fd, "w", encoding="utf-8") if status_fd is not None else None
     import runpy  # here, not at the top: the agent's process has no use for it
@@ -1025,8 +1027,9 @@ class InputTrace:
     """An audit hook (``sys.addaudithook``) that keeps what the evaluator's process trusted: the paths it opens or
     lists (``opened``), the strings it runs as code (``evaluated``: ``eval`` and ``exec`` of a string), the commands
     it starts (``spawned``) and the classes it unpickles (``unpickled``), in order and once each, at most ``MAX`` of
-    each. For the checks that an evaluation reads only the task's files and the declared submission and runs nothing
-    of the submission's (``mlgym-registry check --integrity``, the tests)."""
+    each; with ``follow_randomness``, also where its randomness comes from (``randomness``). For the checks that an
+    evaluation reads only the task's files and the declared submission and runs nothing of the submission's
+    (``mlgym-registry check --integrity``, the tests)."""
 
     MAX = 5_000
     TEXT = 400
@@ -1036,6 +1039,7 @@ class InputTrace:
 
     def __init__(self):
         self._kept: dict[str, dict[str, None]] = {"opened": {}, "evaluated": {}, "spawned": {}, "unpickled": {}}
+        self._randomness = None
         # the interpreter's own folders (the standard library, site-packages), read-only to every sandbox: left out
         # so that the report stays small
         self._system = tuple(sorted({os.path.join(os.path.abspath(p), "") for p in
@@ -1066,9 +1070,24 @@ class InputTrace:
         if len(kept) < self.MAX:
             kept.setdefault(value, None)
 
+    def follow_randomness(self, workspace: str) -> None:
+        """Also keep where the evaluation's randomness comes from (``randomness_trace``), once the harness has
+        seeded the global generators: its seeds, its draws of fresh entropy, the seeded generators it used."""
+        # beside this file, loaded by its path (``-I``: this file's folder is not on sys.path), by traced ones only
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "randomness_trace.py")
+        spec = _bootstrap_external.spec_from_file_location("_mlgym_randomness_trace", path)
+        module = types.ModuleType(spec.name)
+        module.__file__ = path
+        spec.loader.exec_module(module)
+        self._randomness = module.RandomnessTrace(workspace)
+        self._randomness.install()
+
     def report(self) -> dict[str, list[str]]:
-        """What was kept, by kind."""
-        return {kind: list(values) for kind, values in self._kept.items()}
+        """What was kept, by kind (``randomness`` too, once ``follow_randomness`` was called)."""
+        kept = {kind: list(values) for kind, values in self._kept.items()}
+        if self._randomness is not None:
+            kept["randomness"] = self._randomness.report()
+        return kept
 
 
 EVALUATION_SEED_VARIABLE = "MLGYM_REGISTRY_EVAL_SEED"
