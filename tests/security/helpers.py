@@ -11,6 +11,7 @@ the main attacks are repeated on the real task.
 
 from __future__ import annotations
 
+import os
 import secrets
 import textwrap
 from pathlib import Path
@@ -66,14 +67,23 @@ SEED = 0
 from an episode reset with ``reset(seed=SEED)`` (see ``honest_score``)."""
 
 
+FORKED_VARIABLE = "MLGR_SECURITY_FORKED"
+"""Set to 1 to play the whole suite on forked envs: ``open_backend`` then returns the child of a fork whose parent it
+closed at once (the child stands alone on the frozen layer), so that every attack runs on a fork as on a fresh env."""
+
+
 def open_backend(spec: TaskSpec, **options) -> LocalBackend:
-    """A sandboxed backend (the default), reset and with its tools, seeded so that scores are reproducible."""
+    """A sandboxed backend (the default), reset and with its tools, seeded so that scores are reproducible; with
+    ``MLGR_SECURITY_FORKED=1``, a fork's child in that state (``FORKED_VARIABLE``)."""
     options.setdefault("seed", SEED)
     env = LocalBackend(spec, **options)
     try:
         assert env.sandboxed, "the local backend must sandbox by default"
         env.reset()
         env.install_tools()
+        if os.environ.get(FORKED_VARIABLE) == "1":
+            parent, (env,) = env, env.fork(1)
+            parent.close()
     except BaseException:
         env.close()
         raise

@@ -219,3 +219,34 @@ def test_unsandboxed_fork_copies_and_rebases_the_working_directory(mini_spec):
             child.close()
     finally:
         parent.close()
+
+
+def test_a_parent_forked_at_every_turn_keeps_a_bounded_stack_of_layers(make, monkeypatch):
+    monkeypatch.setattr(forking, "MAX_LAYERS", 2)
+    parent = make()
+    for turn in range(4):
+        run(parent, f"echo {turn} > turn{turn}.txt && rm -f turn{turn - 1}.txt")
+        (child,) = parent.fork(1)
+        try:
+            assert len(parent._res.layers) <= 2
+            assert run(child, "ls turn*.txt; cat turn*.txt").split() == [f"turn{turn}.txt", str(turn)]
+        finally:
+            child.close()
+    assert run(parent, "ls turn*.txt").split() == ["turn3.txt"]
+
+
+def test_a_parent_unchanged_since_its_last_fork_keeps_its_shell(make):
+    parent = make()
+    run(parent, "echo once > f.txt")
+    first = parent.fork(1)
+    shell = parent._res.session.shell_pid
+    second = parent.fork(1)  # nothing written since: the same layers, the same shell
+    try:
+        assert parent._res.session.shell_pid == shell
+        assert [layer.folder for layer in second[0]._res.layers] == [layer.folder for layer in parent._res.layers]
+        assert run(second[0], "cat f.txt") == "once"
+        status(second[0], "echo twice > f.txt")
+        assert run(parent, "cat f.txt") == run(first[0], "cat f.txt") == "once"
+    finally:
+        for child in first + second:
+            child.close()
