@@ -92,7 +92,7 @@ def test_huge_output_is_capped(tmp_path):
     with make(tmp_path, max_output_chars=10_000) as env:
         start = time.monotonic()
         obs, *_ = env.step("seq 1 3000000")
-        assert time.monotonic() - start < 20
+        assert time.monotonic() - start < 120  # a ceiling for a loaded machine: uncapped, it would not end at all
         assert len(obs) < 10_300
         assert obs.startswith("1\n2\n3\n") and obs.endswith("2999999\n3000000")
         assert "of output omitted" in obs
@@ -167,7 +167,7 @@ def test_fork_bomb_is_limited(tmp_path):
         start = time.monotonic()
         obs, _, done, _ = env.step(":(){ :|:& };:")
         env.step("sleep 1")
-        assert not done and time.monotonic() - start < 30
+        assert not done and time.monotonic() - start < 120  # a ceiling for a loaded machine, not a timing
         peak = max(len(session_tree(env)) for _ in range(5))
         assert peak <= 64
         deadline = time.monotonic() + 20
@@ -180,7 +180,9 @@ def test_fork_bomb_is_limited(tmp_path):
 
 
 def test_memory_and_cpu_limits(tmp_path):
-    with make(tmp_path, memory_limit_mb=400, cpu_seconds=2, command_timeout=20, long_timeout=20) as env:
+    # command timeouts far above the CPU limit: on a loaded machine 2 s of CPU can take a minute of wall time, and the
+    # limit, not the timeout, must end the loop (its exit status says which did)
+    with make(tmp_path, memory_limit_mb=400, cpu_seconds=2, command_timeout=300, long_timeout=300) as env:
         obs, *_ = env.step("python -c 'x = bytearray(2_000_000_000)'")
         if env._res.memory is not None:  # one limit for the whole env: the kernel kills the process that exceeds it
             assert "Killed" in obs and "NOTE: the command ran out of memory" in obs and "400 MB" in obs, obs
@@ -188,7 +190,8 @@ def test_memory_and_cpu_limits(tmp_path):
             assert "MemoryError" in obs
         start = time.monotonic()
         obs, *_ = env.step("python -c 'while True: pass'; echo status $?")
-        assert time.monotonic() - start < 10
+        assert time.monotonic() - start < 240  # a ceiling, not a timing: without the limit the loop meets the timeout
+        assert "TIMED OUT" not in obs, obs
         assert obs.split("\n")[-1] in ("status 152", "status 137")  # SIGXCPU (or SIGKILL at the hard limit)
         assert_usable(env)
 

@@ -45,7 +45,9 @@ def test_a_refused_connection_is_reported_at_once(tmp_path, capsys):
                        str(tmp_path / "suite")])  # the default 5 retries with backoff took 20 s and more
     elapsed = time.monotonic() - started
     err = capsys.readouterr().err.strip().splitlines()
-    assert status == EXIT_REFUSED and elapsed < 15, elapsed  # one attempt: the retries alone took 20 s and more
+    # one attempt, as the message says (the default 5 retries with backoff took 20 s and more); the time is only a
+    # ceiling for a hang, far above what a loaded machine takes
+    assert status == EXIT_REFUSED and elapsed < 120, elapsed
     assert err == [f"mlgym-registry: error: cannot reach {url} ([Errno 111] Connection refused; 1 attempt): start "
                    f"the server or pass --base-url URL"]
 
@@ -74,7 +76,7 @@ def interrupt_after_first_run(process: subprocess.Popen, out: Path, signum: int)
         assert time.monotonic() < deadline, "no run finished in 120 s"
         time.sleep(0.1)
     os.killpg(process.pid, signum)
-    return process.communicate(timeout=60)
+    return process.communicate(timeout=300)  # a ceiling for a loaded machine, not a timing
 
 
 @pytest.mark.slow

@@ -94,7 +94,7 @@ def test_a_state_function_printing_deeply_nested_json_is_an_unreadable_state(min
         start = time.monotonic()
         with pytest.warns(RuntimeWarning, match="no state JSON line"):
             out = env.step(td)
-        assert time.monotonic() - start < 15
+        assert time.monotonic() - start < 60  # a ceiling for a loaded machine, not a timing
         state = json.loads(str(out["next", "state"]))
         assert set(state) >= {"open_file", "working_dir"}
     finally:
@@ -129,7 +129,7 @@ def test_echoed_scores_and_markers_cost_linear_time(mini_spec):
         ]
         for command in attacks:
             after, took = act(command)
-            assert took < 5, (command, took)
+            assert took < 30, (command, took)  # a ceiling for a loaded machine: quadratic time is minutes here
             assert float(after["reward"].sum()) == 0.0
             assert not after["done"].item()
     finally:
@@ -259,7 +259,7 @@ def test_dev_shm_and_dev_are_capped_without_a_memory_cgroup(make):
 def test_a_step_returns_soon_after_its_timeout_whatever_the_command_does(make, command, times_out):
     env = make(command_timeout=3, max_output_chars=10_000)
     obs, _info, took = timed_step(env, command)
-    assert took < 3 + 12, took
+    assert took < 3 + 60, took  # a ceiling for a loaded machine: each command would run for 1000 s or for ever
     assert ("EXECUTION TIMED OUT" in obs) == times_out, obs
     assert run(env, "echo ok").endswith("ok")
 
@@ -268,7 +268,7 @@ def test_an_evaluation_that_never_ends_returns_within_its_timeout(make, mini_spe
     env = make(mini_spec.replace(training_timeout=4))
     write_file(env, "strategy.py", "import time\ntime.sleep(1000)\n" + HONEST)
     obs, info, took = timed_step(env, "validate")
-    assert took < 4 + 10, took
+    assert took < 4 + 30, took  # its clock ended it, far below the wall-time backstop (4 x 4 + 60 s) and the sleep
     assert "Evaluation Score" not in obs and not info["score"], obs
     assert run(env, "echo ok") == "ok"
 
@@ -276,9 +276,9 @@ def test_an_evaluation_that_never_ends_returns_within_its_timeout(make, mini_spe
 def test_a_workspace_removed_from_under_the_shell_does_not_break_a_restart(make):
     env = make(command_timeout=3)
     obs, _info, took = timed_step(env, "cd /tmp && chmod 000 /home/agent/workspace; exit")
-    assert took < 15
+    assert took < 60  # ceilings for a loaded machine, not timings
     obs, _info, took = timed_step(env, "echo ok")
-    assert took < 30
+    assert took < 90
     assert run(env, "chmod 755 /home/agent/workspace; echo ok").endswith("ok")
 
 
