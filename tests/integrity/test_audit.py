@@ -89,6 +89,17 @@ def test_a_helper_the_evaluator_imports_is_the_tasks_own_unless_declared_and_the
     assert verdicts(report) == {**weak_tasks.REFERENCES_OK, "returns_huge": BEATS_HONESTY}
 
 
+def test_a_helper_rewritten_to_return_a_plausible_perfect_score_is_caught_where_huge_ones_are_refused(tmp_path):
+    spec = weak_tasks.helper_task(tmp_path / "task", "checkedHelper", checks_range=True)
+    declared = audit(spec.replace(submission_files=["strategy.py", "scoring.py"]),
+                     canaries=["returns_huge", "returns_best_1"])
+    assert verdicts(declared) == {**weak_tasks.REFERENCES_OK, "returns_huge": OK, "returns_best_1": BEATS_HONESTY}
+    caught = next(r for r in declared.results if r.canary.name == "returns_best_1")
+    assert caught.scores == [{"Score": 1.0}] and "never from a function the agent can rewrite" in caught.fix
+    own = audit(spec, canaries=["returns_best_1"])  # the helper is the task's own: rewriting it changes nothing
+    assert own.ok, own.table()
+
+
 class PaysEveryValidate:
     """A third party's reward that pays score minus baseline at every evaluation, and does not say it is farmable."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -347,7 +348,29 @@ def _degenerate_python(shape: TaskShape) -> list[Canary]:
                               f"{shlex.quote(n)}")),
         Canary("fifo_submission", "degenerate", "a named pipe as the submitted module (a reader blocks on it)",
                each(lambda n: f"rm -rf {shlex.quote(n)} && mkfifo {shlex.quote(n)}"), limits=SHORT_EVALUATION),
+        *best_value_canaries(shape, modules),
     ]
+
+
+MAX_BEST_VALUES = 3
+
+
+def best_value_canaries(shape: TaskShape, modules: list[str]) -> list[Canary]:
+    """Every function of the submitted modules and of the task's other Python files returning one best value of the
+    task's metrics (``best_score``: an accuracy's 1.0, an error's 0): plausible, where a huge or broken value is
+    refused. An evaluator that takes a score or a verdict from such a function is paid perfection."""
+    values = sorted({float(v) for v in shape.spec.best_score.values() if isinstance(v, (int, float))
+                     and not isinstance(v, bool) and math.isfinite(v)})[:MAX_BEST_VALUES]
+    helpers = [p for p in shape.task_files if p.endswith(".py") and p not in shape.evaluators]
+    targets = [*modules, *helpers]
+    return [Canary(f"returns_best_{_value_slug(value)}", "degenerate",
+                   f"every function of {', '.join(targets)} returns {value!r}, the metrics' best value",
+                   tuple(f"chmod u+w {shlex.quote(p)} 2>/dev/null; {write_file(p, returning_module(repr(value)))}"
+                         for p in targets)) for value in values]
+
+
+def _value_slug(value: float) -> str:
+    return f"{value:g}".replace("-", "minus_").replace(".", "_").replace("+", "")
 
 
 def hack_canaries(shape: TaskShape) -> list[Canary]:

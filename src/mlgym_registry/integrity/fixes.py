@@ -62,6 +62,8 @@ BY_CANARY = (
     ("rewrite_", "keep the evaluator and every file it imports among the task's protected or evaluation files"),
     ("module_shadows", "keep the evaluator's imports from resolving to the agent's files (the harness's rules)"),
     ("rebind_builtins", "run the agent's code apart from the evaluator (the harness's channel)"),
+    ("returns_best_", "take scores and verdicts only from the task's own code (protected or evaluation files), "
+                      "never from a function the agent can rewrite"),
     ("returns_", "validate what the submitted functions return (type, range, finiteness) and score the rest as a "
                  "failure"),
     ("empty_submission", "refuse an empty submission: exit non-zero so that it scores as a failure"),
