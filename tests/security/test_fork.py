@@ -250,3 +250,22 @@ def test_a_parent_unchanged_since_its_last_fork_keeps_its_shell(make):
     finally:
         for child in first + second:
             child.close()
+
+
+def test_a_pickled_fork_point_makes_children_until_its_layers_are_gone(make):
+    import pickle
+
+    parent = make()
+    run(parent, "echo kept > f.txt && mkdir /tmp/mine && cd /tmp/mine")  # not carried
+    point = parent.fork_point()
+    copy = pickle.loads(pickle.dumps(point))  # as a worker process gets it: no hold of its own yet
+    child = copy.make()
+    try:
+        assert run(child, "pwd; cat /home/agent/workspace/f.txt").split() == ["/home/agent/workspace", "kept"]
+    finally:
+        child.close()
+        copy.close()
+    point.close()
+    parent.close()
+    with pytest.raises(forking.ForkRefused, match="keep the ForkPoint open"):
+        pickle.loads(pickle.dumps(point)).make()

@@ -111,3 +111,29 @@ def test_children_step_side_by_side_in_a_threading_async_env_pool(episode):
         pool.close()
         for child in children:
             child.close()
+
+
+@pytest.mark.slow
+def test_a_fork_point_makes_the_children_of_a_multiprocessing_async_env_pool(episode):
+    """Each worker makes its child from the pickled point: the chain as it stood, the files, the shell's state."""
+    from tensordict import NonTensorStack
+    from torchrl.envs import AsyncEnvPool
+
+    parent, td = episode
+    respond_td = td.clone()
+    _, td = respond(parent, respond_td, fenced("echo carried > note.txt && export CARRIED=yes"))
+    point = parent.fork_point()
+    try:
+        pool = AsyncEnvPool([point] * 2, backend="multiprocessing")
+    finally:
+        point.close()  # the workers' envs hold the frozen files now
+    try:
+        branch = torch.stack([td.clone() for _ in range(2)])
+        branch["env_index"] = NonTensorStack(*(NonTensorStack(i) for i in range(2)))
+        branch["text", "response"] = [[fenced("cat note.txt; echo $CARRIED")]] * 2
+        pool.async_step_send(branch)
+        out = pool.async_step_recv(min_get=2)
+        for i in range(2):
+            assert out["next", "history", "prompt"][i][0, -1].content.startswith("carried\nyes\n")
+    finally:
+        pool.close()

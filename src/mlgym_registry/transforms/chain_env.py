@@ -66,6 +66,14 @@ class ChainEnv(TransformedEnv):
 
         return fork_env(self, n)
 
+    def fork_point(self) -> Any:
+        """This env's state as a picklable ``transforms.forking.ChainForkPoint``: calling it makes a child, in this
+        process or in a worker (``AsyncEnvPool([point] * n, backend="multiprocessing")``); ``point.close()`` once the
+        children are made."""
+        from .forking import fork_point
+
+        return fork_point(self)
+
     def __enter__(self) -> ChainEnv:
         return self
 

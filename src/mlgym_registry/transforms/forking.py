@@ -9,8 +9,10 @@ caller holds, not in the env: the caller steps each child from a clone of it.
 from __future__ import annotations
 
 import copy
+import pickle
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EnvMisuseError
@@ -61,3 +63,48 @@ def _copy_over(env: Any, base: BackendEnv, backend: Any, child_backend: Any) -> 
     for key in DRIVER_STATE:  # the parent's driver (a pool holding it) is not the child's
         child.__dict__.pop(key, None)
     return child
+
+
+@dataclass
+class ChainForkPoint:
+    """A chain env's state at a fork, picklable: calling it makes one child env, in this process or in another one
+    (a multiprocessing ``AsyncEnvPool``'s worker: ``AsyncEnvPool([point] * n, backend="multiprocessing")``). The
+    backend's point (``backends.local.forking.ForkPoint``) holds the frozen files while the point is open; close it
+    once the envs are made."""
+
+    backend: Any
+    chain: bytes
+    """The chain without its backend, pickled."""
+
+    def __call__(self) -> Any:
+        """One child: the chain as it stood at the fork, over a backend made from the backend's point."""
+        child = pickle.loads(self.chain)
+        base = child.base_env
+        base._backend_holder.append(self.backend.make())
+        base._finalizer = weakref.finalize(base, _close_quietly, base._backend_holder)
+        return child
+
+    def close(self) -> None:
+        """Let go of the point's hold on the frozen files (the envs made from it keep their own)."""
+        self.backend.close()
+
+
+def fork_point(env: Any) -> ChainForkPoint:
+    """``env``'s state as a ``ChainForkPoint`` (``ChainEnv.fork_point``)."""
+    base = env.base_env
+    if not isinstance(base, BackendEnv):
+        raise TypeError(f"fork_point() needs a chain over a BackendEnv, not over {type(base).__name__}")
+    if not base.has_backend:
+        raise EnvMisuseError("fork_point() forks an episode: call env.reset() (and step it) first")
+    backend = base.backend
+    if getattr(backend, "fork_point", None) is None:
+        raise NotImplementedError(
+            f"the {type(backend).__name__} backend cannot fork; the local backend can (backend='local')")
+    memo: dict[int, Any] = {id(backend): None, id(base._backend_holder): [], id(base._finalizer): None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tensordict's notes about deep-copying a stacked conversation
+        bare = copy.deepcopy(env, memo)
+    for key in DRIVER_STATE:
+        bare.__dict__.pop(key, None)
+    chain = pickle.dumps(bare)
+    return ChainForkPoint(backend.fork_point(), chain)

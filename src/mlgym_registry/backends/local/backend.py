@@ -290,6 +290,11 @@ class LocalBackend:
         episode's seeds); refused (``forking.ForkRefused``) while the agent's background processes run."""
         return forking.fork(self, n)
 
+    def fork_point(self) -> forking.ForkPoint:
+        """This backend's state as a picklable ``forking.ForkPoint`` whose ``make()`` makes a child in this process or
+        another (a multiprocessing pool's worker) while the point is open; close it once its children are made."""
+        return forking.fork_point(self)
+
     def use_workspace(self, path: Path) -> None:
         """Make ``path`` the workspace as the driver reads and writes it (a forked env's copy-on-write view, or its
         plain folder again), for every part of the backend that walks or copies it."""

@@ -22,9 +22,11 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...errors import EnvMisuseError
 from . import layers, procs
@@ -92,6 +94,109 @@ def _declarations(exports: str) -> list[str]:
     return items
 
 
+@dataclass
+class ForkPoint:
+    """A backend's state at a fork, from which children are made (``make``, ``make_many``), in this process or in
+    another one it is pickled to: the frozen layers' folders, the counts and seeds, the task's pristine copies and
+    commands (linked into the point's own folder, beside the layers), the shell's state. The layers live while the
+    point is open in the process that made it (``close``) or any env stands on them."""
+
+    spec: Any
+    options: dict[str, Any]
+    layer_folders: list[str]
+    copy_only: bool
+    """True where no overlay can be mounted: each child copies the frozen copy of the workspace."""
+    state: dict[str, Any]
+    files: dict[str, Any]
+    task_bytes: dict[str, int]
+    shell: ShellState
+    sandboxed: bool
+    task_workspace: str
+    folder: str
+    """The point's own folder (its pristine copies and commands), inside its topmost layer's."""
+    held: list[layers.Layer] = field(default_factory=list, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, parent: LocalBackend, held: list[layers.Layer], shell: ShellState, *, copy_only: bool) -> ForkPoint:
+        """The point of ``parent`` over the layers ``held`` (held for the point)."""
+        folder = Path(held[0].folder) / "points" / uuid.uuid4().hex if held else parent._res.root / "point"
+        folder.mkdir(parents=True, exist_ok=not held)
+        source = parent._files
+        pristine, commands = folder / "pristine", folder / "commands"
+        for target, origin in ((pristine, source.pristine_dir), (commands, parent._commands)):
+            target.mkdir(exist_ok=True)
+            if held:
+                _link_tree(origin, target)
+        return cls(
+            spec=parent.spec, options=dict(parent.options), layer_folders=[str(layer.folder) for layer in held],
+            copy_only=copy_only,
+            state={"seed": parent.seed, "episode": parent.episode, "_episode_seeds": parent._episode_seeds,
+                   "current_step": parent.current_step, "returncode": parent.returncode, "task": parent.task,
+                   "tools": parent.tools, "max_steps": parent.max_steps, "notes": list(parent.notes),
+                   "trace_evaluations": parent.trace_evaluations, "_scores": parent._scores,
+                   "_added": parent._added, "_preload": list(parent._preload)},
+            files={"pristine": {key: str(_moved(path, source.pristine_dir, pristine))
+                                for key, path in source.pristine.items()},
+                   "secrets": set(source.secrets), "task_files": dict(source.task_files),
+                   "dataset_sources": list(source.dataset_sources), "checked": set(source.checked),
+                   "mode": source.mode},
+            task_bytes=dict(parent._disk.task_bytes), shell=shell, sandboxed=parent.sandboxed,
+            task_workspace=str(parent.task_workspace), folder=str(folder), held=held,
+        )
+
+    def make(self) -> LocalBackend:
+        """One child in the point's state."""
+        return self.make_many(1)[0]
+
+    def make_many(self, n: int, also_start: Sequence[LocalBackend] = ()) -> list[LocalBackend]:
+        """``n`` children, their views mounted and shells started side by side (with ``also_start``'s shells: the
+        parent's, when it must start again)."""
+        from .backend import LocalBackend
+
+        children: list[LocalBackend] = []
+        try:
+            held = self._hold()
+            for _ in range(n):
+                child = LocalBackend(self.spec, **self.options)
+                children.append(child)
+                _adopt(child, self, held)
+            for env in (*also_start, *children):  # the holders mounted their views meanwhile
+                if env._res.view is not None:
+                    env._res.view.wait_ready()
+            _start_shells([*also_start, *children], self)
+        except BaseException:
+            for child in children:
+                child.close()
+            for env in also_start:
+                if env._res.session is None:
+                    _start_shells([env], self)
+            raise
+        return children
+
+    def _hold(self) -> list[layers.Layer]:
+        """The layers, held for as long as a child is made (in a process that did not make the point: taken now)."""
+        if self.held:
+            return self.held
+        try:
+            taken = [layers.Layer.take(Path(folder)) for folder in self.layer_folders]
+        except FileNotFoundError:
+            raise ForkRefused("this fork point's frozen layers are gone: keep the ForkPoint open (point.close() "
+                              "only once every env it makes is made) and make children before it closes") from None
+        self.held = taken
+        return taken
+
+    def close(self) -> None:
+        """Let go of the point's hold on its layers (the envs made from it keep their own). Idempotent."""
+        held, self.held = self.held, []
+        for layer in held:
+            layer.release()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["held"] = []  # holds are per process: another one takes its own
+        return state
+
+
 def background_processes(session: ShellSession, settle: float = 0.5) -> list[str]:
     """The agent's processes running beside its shell, each as ``pid (command line)``. A subshell that has not yet
     run its program (``sleep 600 &`` forks bash, then execs sleep) is read again for up to ``settle`` seconds, so
@@ -118,6 +223,29 @@ def fork(parent: LocalBackend, n: int) -> list[LocalBackend]:
     """``n`` backends in ``parent``'s state (module docstring); the parent goes on in its own, unchanged to it."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"fork(n): n must be a positive integer, got {n!r}")
+    point, restart = _make_point(parent)
+    try:
+        return point.make_many(n, also_start=restart)
+    finally:
+        point.close()
+
+
+def fork_point(parent: LocalBackend) -> ForkPoint:
+    """``parent``'s state as a ``ForkPoint``: picklable, it makes children in this process or another one (a worker
+    of a multiprocessing pool) for as long as it is open; the parent goes on at once."""
+    point, restart = _make_point(parent)
+    try:
+        if restart:
+            _start_shells(restart, point)
+    except BaseException:
+        point.close()
+        raise
+    return point
+
+
+def _make_point(parent: LocalBackend) -> tuple[ForkPoint, list[LocalBackend]]:
+    """Freeze ``parent``'s state into a ``ForkPoint``; the envs whose shells must start again (the parent's, unless
+    it wrote nothing since its last fork), left stopped for the caller to start beside the children's."""
     if parent._finalizer.alive is False:
         raise ForkRefused("this LocalBackend was closed; fork an open one")
     if parent.task is None:
@@ -135,12 +263,24 @@ def fork(parent: LocalBackend, n: int) -> list[LocalBackend]:
         shell = ShellState.capture(session, parent.command_timeout)
     why_not = layers.overlay_supported(str(res.root.parent)) if parent.sandboxed else "sandbox='none'"
     if why_not is None and _unchanged_since_last_fork(parent):
-        return _fork_over(parent, n, list(res.layers), shell, restart=[])  # the parent's layers are its state
+        return ForkPoint.of(parent, [layer.share() for layer in res.layers], shell, copy_only=False), []
     res.stop_evaluation()
     res.stop_warm()
     res.stop_session()
-    held = _freeze(parent) if why_not is None else None
-    return _fork_over(parent, n, held, shell, restart=[parent])
+    restart = [parent]
+    try:
+        if why_not is None:
+            held = [layer.share() for layer in _freeze(parent)]
+        else:  # no overlay: the children copy a copy of the workspace, made now (they may be made later)
+            with parent._disk.lock:
+                snapshot = res.root / "snapshot"
+                snapshot.mkdir()
+                _copy_tree(parent.host_workspace, snapshot)
+                held = [layers.Layer.freeze(snapshot, res.root.parent)]
+        return ForkPoint.of(parent, held, shell, copy_only=why_not is not None), restart
+    except BaseException:
+        _start_shells(restart, ForkPoint.of(parent, [], shell, copy_only=True))
+        raise
 
 
 def _unchanged_since_last_fork(parent: LocalBackend) -> bool:
@@ -156,30 +296,6 @@ def _unchanged_since_last_fork(parent: LocalBackend) -> bool:
         return os.stat(view.upper).st_mode == os.stat(parent._res.layers[0].tree).st_mode
     except OSError:
         return False
-
-
-def _fork_over(parent: LocalBackend, n: int, held: list[layers.Layer] | None, shell: ShellState,
-               restart: list[LocalBackend]) -> list[LocalBackend]:
-    """``n`` children of ``parent`` over the frozen layers ``held`` (None: each gets a copy), with ``shell``'s state;
-    ``restart``: the parent when its shell must start again too (its files moved into a layer)."""
-    res = parent._res
-    children: list[LocalBackend] = []
-    try:
-        for _ in range(n):
-            child = type(parent)(parent.spec, **parent.options)
-            children.append(child)
-            _adopt(child, parent, held)
-        for env in (parent, *children):  # the holders mounted their views meanwhile, side by side
-            if env._res.view is not None:
-                env._res.view.wait_ready()
-        _start_shells([*restart, *children], parent, shell)
-    except BaseException:
-        for child in children:
-            child.close()
-        if res.session is None:
-            _start_shells([parent], parent, shell)
-        raise
-    return children
 
 
 def _freeze(parent: LocalBackend) -> list[layers.Layer]:
@@ -242,36 +358,33 @@ def drop_view(backend: LocalBackend) -> None:
         backend.use_workspace(res.root / "workspace")
 
 
-def _adopt(child: LocalBackend, parent: LocalBackend, held: list[layers.Layer] | None) -> None:
-    """Give ``child`` (new, never reset) ``parent``'s state: counts, seeds, files and commands (its shell is started
+def _adopt(child: LocalBackend, point: ForkPoint, held: list[layers.Layer]) -> None:
+    """Give ``child`` (new, never reset) the point's state: counts, seeds, files and commands (its shell is started
     by ``_start_shells``); its view is being mounted when this returns."""
-    child.seed, child.episode, child._episode_seeds = parent.seed, parent.episode, parent._episode_seeds
-    child.current_step, child.returncode = parent.current_step, parent.returncode
-    child.task, child.tools = copy.deepcopy(parent.task), copy.deepcopy(parent.tools)
-    child.max_steps, child.trace_evaluations = parent.max_steps, parent.trace_evaluations
-    child.notes = list(parent.notes)
-    child._scores, child._added = copy.deepcopy(parent._scores), copy.deepcopy(parent._added)
-    child._preload = list(parent._preload)
-    source, files = parent._files, child._files
-    _link_tree(source.pristine_dir, files.pristine_dir)
-    files.pristine = {key: _moved(path, source.pristine_dir, files.pristine_dir) for key, path in
-                      source.pristine.items()}
-    files.secrets, files.task_files = set(source.secrets), dict(source.task_files)
-    files.dataset_sources, files.checked, files.mode = list(source.dataset_sources), set(source.checked), source.mode
-    _link_tree(parent._commands, child._commands)
-    child._disk.task_bytes = dict(parent._disk.task_bytes)
+    for name, value in point.state.items():
+        setattr(child, name, copy.deepcopy(value))
+    files, folder = child._files, Path(point.folder)
+    _link_tree(folder / "pristine", files.pristine_dir)
+    files.pristine = {key: _moved(Path(path), folder / "pristine", files.pristine_dir)
+                      for key, path in point.files["pristine"].items()}
+    files.secrets, files.task_files = set(point.files["secrets"]), dict(point.files["task_files"])
+    files.dataset_sources, files.checked = list(point.files["dataset_sources"]), set(point.files["checked"])
+    files.mode = point.files["mode"]
+    _link_tree(folder / "commands", child._commands)
+    child._disk.task_bytes = dict(point.task_bytes)
     with child._disk.lock:
-        if held is not None:
+        if point.copy_only:
+            _copy_tree(held[0].tree, child.host_workspace)
+        else:
             child._res.layers = [layer.share() for layer in held]
             _mount(child, child._res.layers)
-        else:
-            _copy_tree(parent.host_workspace, child.host_workspace)
         child._confinement.reset_hub_caches()
 
 
-def _start_shells(envs: list[LocalBackend], parent: LocalBackend, shell: ShellState) -> None:
+def _start_shells(envs: Sequence[LocalBackend], point: ForkPoint) -> None:
     """Start the shells of ``envs`` (all at once: each sandbox starts while the others do), set each up as after a
-    reset, and give each ``shell``'s state (unsandboxed, the working directory moved into the env's own folder)."""
+    reset, and give each the point's shell state (unsandboxed, the working directory moved into the env's own
+    folder)."""
     started = []
     for env in envs:
         with contextlib.suppress(OSError):  # as a new session after a reset: a workspace the agent locked opens
@@ -280,11 +393,11 @@ def _start_shells(envs: list[LocalBackend], parent: LocalBackend, shell: ShellSt
                 os.chmod(env.host_workspace, (mode & 0o7777) | 0o700)
         started.append(env._new_session(env._res.cgroup, env._res.memory))
     for env, session in zip(envs, started, strict=True):
-        cwd = shell.cwd
-        if not parent.sandboxed and Path(cwd).is_relative_to(parent.task_workspace):
-            cwd = str(env.task_workspace / Path(cwd).relative_to(parent.task_workspace))
+        cwd = point.shell.cwd
+        if not point.sandboxed and Path(cwd).is_relative_to(point.task_workspace):
+            cwd = str(env.task_workspace / Path(cwd).relative_to(point.task_workspace))
         env._set_up(session)
-        env._run_setup(ShellState(cwd, shell.exports).restore_script())
+        env._run_setup(ShellState(cwd, point.shell.exports).restore_script())
 
 
 def _moved(path: Path, old: Path, new: Path) -> Path:

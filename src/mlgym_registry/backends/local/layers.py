@@ -70,6 +70,18 @@ class Layer:
         other.fd = _lock(self.folder, fcntl.LOCK_SH)
         return other
 
+    @classmethod
+    def take(cls, folder: Path) -> Layer:
+        """A hold on the layer at ``folder`` (made by another process); ``FileNotFoundError`` when it is gone."""
+        if not folder.is_dir():
+            raise FileNotFoundError(folder)
+        layer = cls(folder)
+        layer.fd = _lock(folder, fcntl.LOCK_SH)
+        if not layer.tree.is_dir():  # removed while this waited for its lock
+            layer.release()
+            raise FileNotFoundError(folder)
+        return layer
+
     def release(self) -> None:
         """Let go of this hold; remove the layer when no other env holds it. Idempotent."""
         if self.fd is None:
