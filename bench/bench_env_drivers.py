@@ -373,7 +373,7 @@ def measure_cell(driver: str, task: str, width: int, turns: int, min_rounds: int
                  timed: bool = True) -> Cell:
     """Build N envs the driver's way, play its rounds, take the tree's PSS, close them (``timed=False``: build, play
     one round and close, to warm up)."""
-    from mlgym_registry.scale.parallel import EnvFactory
+    from mlgym_registry.interop.torchrl.env_factory import EnvFactory
 
     factory = EnvFactory.from_spec(task, max_steps=10**6)
     gc.collect()

@@ -8,8 +8,9 @@ kept, which filters out interference from other work on the machine.
 1. ``mlgym-registry run TASK --num-envs N --episodes E`` as a command (scripted agent, ``--seed 0``): wall time of
    the same E episodes (seeds 0..E-1 whatever N) played by 1, 2, 4 envs, and the speed-up over one env. Whether
    every N gave the same scores is printed too.
-2. TorchRL's multi-process ``Collector`` as ``run_parallel`` builds it (``parallel.episode_collector``): time to
-   build N workers with their envs, turns/s while they play the E episodes, time to shut them down; each over N=1.
+2. TorchRL's multi-process ``Collector`` over the envs ``run_parallel`` plays
+   (``interop.torchrl.collectors.episode_collector``): time to build N workers with their envs, turns/s while they
+   play the E episodes, time to shut them down; each over N=1.
 3. ``AsyncEnvPool(backend="multiprocessing")`` of N envs (``EnvFactory``, a trivial command every turn, the pool's
    async API as ``LLMCollector`` drives it): build (with the first reset), steps/s over ``--pool-steps`` rounds,
    close; each over N=1.
@@ -124,7 +125,7 @@ def collector_run(task: str, num_envs: int, episodes: int) -> tuple[float, float
     """Build, play ``episodes`` episodes (``episodes / num_envs`` per env) and shut down a ``run_parallel``
     collector: (build seconds, turns/s, shutdown seconds)."""
     from mlgym_registry.episodes.episode import text_at
-    from mlgym_registry.scale.parallel import WORKER_KEY, episode_collector
+    from mlgym_registry.interop.torchrl.collectors import WORKER_KEY, episode_collector
 
     per_env = episodes // num_envs
     started = time.perf_counter()
@@ -171,7 +172,7 @@ def pool_run(task: str, num_envs: int, steps: int) -> tuple[float, float, float]
     rounds, close it: (build seconds, steps/s, close seconds)."""
     from torchrl.envs import AsyncEnvPool
 
-    from mlgym_registry.scale.parallel import EnvFactory
+    from mlgym_registry.interop.torchrl.env_factory import EnvFactory
     from mlgym_registry.scale.workers import WithParentEnviron, warm_workers
 
     factory = EnvFactory.from_spec(task, max_steps=10**6)

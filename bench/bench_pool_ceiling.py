@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     """Measure; print the table; return each stepper's ratio by name."""
     import tensordict
 
-    from mlgym_registry.scale.parallel import EnvFactory
+    from mlgym_registry.interop.torchrl.env_factory import EnvFactory
 
     args = parse(argv)
     tensordict.set_list_to_stack(True).set()

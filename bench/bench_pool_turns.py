@@ -6,7 +6,7 @@ ways, one after another in this run: in this process (``step_and_maybe_reset``),
 TorchRL's defaults and with ``consolidate=False``. Each turn is timed as the trainer sees it (send, step, receive);
 the bench prints, per driver, the median turn over the first ``--window`` turns and over the last ones (the
 conversation then holds about 2 x ``--turns`` messages), their ratio (flat = 1.00), and each driver's late turn over
-the in-process one. The pool's queues carry only the messages the other end lacks (``transforms/pool_wire.py``);
+the in-process one. The pool's queues carry only the messages the other end lacks (``interop/torchrl/pool_wire.py``);
 ``ParallelEnv`` sends every env's whole batch to every worker (TorchRL's design), so its turns grow with the
 conversation.
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--drivers", default=",".join(DRIVERS), help="comma-separated, of: " + ", ".join(DRIVERS))
     args = parser.parse_args(argv)
 
-    from mlgym_registry.scale.parallel import EnvFactory
+    from mlgym_registry.interop.torchrl.env_factory import EnvFactory
     from mlgym_registry.scale.workers import WithParentEnviron
 
     factory = WithParentEnviron(EnvFactory.from_spec(args.task, max_steps=10**6))

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import env_hooks
 from ._version import __version__ as __version__  # in _version.py, which any layer may import
 from .errors import (
     BackendUnavailable,
@@ -33,8 +34,14 @@ from .errors import (
     UnknownNameError,
 )
 from .hookspecs import hookimpl
+from .interop.torchrl import hooks as _torchrl_hooks
 from .registry import Registry, registry
 from .specs import ComponentSpec, ResolvedTask, TaskSpec, load_task_yaml
+
+# TorchRL's interop attaches to every env the chain builds and every env factory pickled (torch-free until then): the
+# chain and the registry announce those moments (env_hooks) without knowing who listens
+env_hooks.ENV_BUILT.append(_torchrl_hooks.env_built)
+env_hooks.FACTORY_PICKLED.append(_torchrl_hooks.factory_pickled)
 
 __all__ = [
     "BackendUnavailable",

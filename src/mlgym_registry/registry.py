@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import inspect
 import os
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +25,7 @@ from .entries import (
     is_task_file,
     provider_of,
 )
+from .env_hooks import factory_pickled
 from .errors import DuplicateNameError, InvalidOverrideError, InvalidTaskError, MLGymRegistryError, UnknownNameError
 from .kinds import COMPONENT_KINDS, KINDS, PATH_LOADERS
 from .options import backend_rules, validate_overrides, validate_task_options
@@ -42,16 +42,6 @@ from .trust_rules import check_task_file
 
 SPEC_OVERRIDES = ("max_steps", "failure_reward", "score_format_exit")
 """``make`` keywords that change the task spec itself (besides the component names)."""
-
-
-def adopt_pool_being_built() -> None:
-    """Called as an env factory is pickled, maybe for the worker of a TorchRL ``AsyncEnvPool`` being set up: make that
-    pool close its envs when it is closed (``transforms.pools.adopt_pool``). Nothing to do, and nothing imported,
-    unless TorchRL's pools are loaded."""
-    if "torchrl.envs.async_envs" in sys.modules:
-        from .transforms.pools import adopt_constructing_pool
-
-        adopt_constructing_pool()
 
 
 class Registry:
@@ -73,7 +63,7 @@ class Registry:
         # ``functools.partial(registry.make, ...)`` and lambdas over it travel to worker processes (TorchRL's
         # ParallelEnv, collectors): the process-wide registry goes as a reference to the worker's own, which loads
         # the plugins from the entry points; another registry goes with its registrations, its plugins reloaded
-        adopt_pool_being_built()
+        factory_pickled()  # whoever takes an env factory to another process may want to know (env_hooks)
         if self is registry:
             return (_process_registry, ())
         return (_registry_from_state, (self._load_plugins, self._entries))

@@ -266,7 +266,8 @@ def test_worker_text_policy_writes_in_the_parser_format():
     """``run_parallel``'s workers rebuild the policy from its text, with the parser named by the spec."""
     import pickle
 
-    from mlgym_registry.scale.parallel import EnvFactory, TextPolicy
+    from mlgym_registry.interop.torchrl.collectors import TextPolicy
+    from mlgym_registry.interop.torchrl.env_factory import EnvFactory
 
     spec = registry.spec("prisonersDilemma").replace(parser=TAGGED, max_steps=4, components={})
     factory = EnvFactory.from_spec(spec)

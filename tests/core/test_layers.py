@@ -23,10 +23,12 @@ LAYERS: list[set[str]] = [
     # 0, the helpers every layer uses: the package's version, errors, hook specs, task specs and their submission
     # schemas, options, seeds, the machine's cores, scores (the evaluation statuses, MLGym's table of ranking
     # metrics, its score text, the metrics' best values, the rows validate and submit score), what an untrusted
-    # record or task file may decide (trust_rules), and MLGym's tool language (the commands, their signatures and
-    # docs) that backends, components and policies speak
+    # record or task file may decide (trust_rules), MLGym's tool language (the commands, their signatures and docs)
+    # that backends, components and policies speak, and the moments an env is built or its factory pickled, which
+    # the layers above hook into (env_hooks)
     {"errors", "hookspecs", "specs", "submissions", "options", "seeding", "terminal", "bounded_json", "_lazy",
-     "_version", "scores", "tool_language", "kinds", "machine", "trust_rules", "best_scores", "held_out"},
+     "_version", "scores", "tool_language", "kinds", "machine", "trust_rules", "best_scores", "held_out",
+     "env_hooks"},
     # 1, the plugin host: what a registered name is, loading plugins
     {"entries", "plugins"},
     # 2, the plugins' kinds, and what a task needs before it runs
@@ -43,11 +45,13 @@ LAYERS: list[set[str]] = [
     {"episodes"},
     # 8, many envs at once
     {"scale"},
-    # 9, evaluating models over suites of runs, and auditing a task's reward with canaries
+    # 9, TorchRL's pools, collectors and Ray collectors over the envs, and every TorchRL internal relied on
+    {"interop"},
+    # 10, evaluating models over suites of runs, and auditing a task's reward with canaries
     {"evaluation", "integrity"},
-    # 10, the faces other libraries see, and the plugin authors' kit
+    # 11, the faces other libraries see, and the plugin authors' kit
     {"faces", "client", "testing"},
-    # 11, the command line and the package's front door
+    # 12, the command line and the package's front door
     {"commands", "cli", "__init__"},
 ]
 """The units (a folder, a root module, or a module that sits below its folder), bottom up."""

@@ -286,7 +286,7 @@ def test_factories_work_in_spawned_workers_with_torchrl_defaults():
     from torchrl.collectors.llm import LLMCollector
     from torchrl.envs import AsyncEnvPool
 
-    from mlgym_registry.scale.parallel import EnvFactory
+    from mlgym_registry.interop.torchrl.env_factory import EnvFactory
 
     before = set(multiprocessing.active_children())  # the session's background replays run in worker processes
     pool = AsyncEnvPool([functools.partial(registry.make, "prisonersDilemma")] * 2, backend="multiprocessing")

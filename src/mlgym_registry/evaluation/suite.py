@@ -249,7 +249,7 @@ def _play_here(run: SuiteRun, policy_text: str, seed: int | None, options: dict[
 
     try:
         result = run_episode(env, policy, spec=run.spec, writer=writer, on_turn=turned, seed=seed)
-        if policy.error:  # as a worker records it (parallel.TextPolicy): the run ended with exit_api, and failed
+        if policy.error:  # as a worker records it (collectors.TextPolicy): the run ended with exit_api, and failed
             result.failure = policy.error
             writer.fail(policy.error, info=result.info)
         return result

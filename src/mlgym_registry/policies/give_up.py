@@ -8,14 +8,14 @@ from typing import Any
 from .base import Policy, PolicyError
 
 GAVE_UP_RESPONSE = "DISCUSSION\nThe model could not be reached.\n```\nexit_api\n```"
-"""What ``GiveUpWithExitApi`` and ``scale.parallel.TextPolicy`` answer once their policy gave up (``PolicyError``):
-MLGym's ``exit_api``, which autosubmits."""
+"""What ``GiveUpWithExitApi`` and ``interop.torchrl.collectors.TextPolicy`` answer once their policy gave up
+(``PolicyError``): MLGym's ``exit_api``, which autosubmits."""
 
 
 class GiveUpWithExitApi(Policy):
     """A policy that answers MLGym's ``exit_api`` (which autosubmits) once the policy it wraps gives up
-    (``PolicyError``), and keeps why in ``error``: what a worker process does (``scale.parallel.TextPolicy``), so one
-    run at a time fails the same way as several at once."""
+    (``PolicyError``), and keeps why in ``error``: what a worker process does
+    (``interop.torchrl.collectors.TextPolicy``), so one run at a time fails the same way as several at once."""
 
     def __init__(self, policy: Policy):
         self.policy = policy

@@ -48,8 +48,9 @@ class TransformersPolicy(Policy):
     def respond(self, messages: Messages) -> str:
         """Generate the next response for ``messages``."""
         from tensordict import TensorDict
-        from torchrl.data.llm import History
         from torchrl.modules.llm.policies import ChatHistory
+
+        from ..transforms.history import History
 
         if self._wrapper is None:
             self._wrapper = self._load()

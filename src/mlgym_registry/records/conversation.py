@@ -89,8 +89,7 @@ def messages_of(source: Any) -> list[dict[str, str]]:
         return [{"role": str(m.get("role", "")), "content": str(m.get("content") or "")} for m in source]
     from tensordict import TensorDictBase
 
-    from ..transforms.history import as_dicts
-    from ..transforms.torchrl_internals import History
+    from ..transforms.history import History, as_dicts
 
     if isinstance(source, History):
         return as_dicts(source)

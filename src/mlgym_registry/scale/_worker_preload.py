@@ -18,7 +18,7 @@ MODULES = (
     "torchrl.envs",
     "transformers",
     "mlgym_registry.registry",
-    "mlgym_registry.scale.parallel",
+    "mlgym_registry.interop.torchrl.collectors",
     "mlgym_registry.transforms.chain",
     "mlgym_registry.transforms",
     "mlgym_registry.backends.local.backend",

@@ -4,7 +4,7 @@ The driver (this process) checks the task, its components and the options before
 ``num_envs`` actors (``EpisodeWorker``), spread over the cluster's nodes. Each actor loads the plugins through the
 same entry points as the driver, builds ``registry.make(TaskSpec.from_dict(spec), **options)`` and plays its
 episodes one turn per call, so that every turn reaches the driver as soon as it is played. The driver writes each
-episode's ``.traj`` and ``results.json`` as it goes, in the same layout as ``parallel.run_parallel``.
+episode's ``.traj`` and ``results.json`` as it goes, in the same layout as ``runs.run_parallel``.
 
 Faults: an actor that dies (killed, out of memory, its node lost) fails the episode it was playing, with the reason
 in that episode's ``results.json``; a fresh actor takes over the slot's remaining episodes and the other slots go on.
@@ -361,7 +361,7 @@ def run_ray_episodes(run: EpisodeRun, *, address: str | None = None,
     each actor's CPU request: by default what lets every env run at once on the cluster's nodes (at most 1); more than
     the largest node has is refused (``RayResourceError``).
     """
-    from .ray_collectors import RayResourceError, cpus_per_collector
+    from .ray_resources import RayResourceError, cpus_per_collector
     from .ray_runtime import ray_session
 
     with ray_session(address) as session:

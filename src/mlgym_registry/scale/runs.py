@@ -66,3 +66,9 @@ def run_episodes(
     from .process_episodes import run_process_episodes
 
     return run_process_episodes(run, workers=workers)
+
+
+def run_parallel(spec: TaskSpec | str, policy: str, num_envs: int, **run: Any) -> list[EpisodeResult]:
+    """``run_episodes(spec, policy, num_envs, engine="process", **run)``, under the name ``run --num-envs N`` has
+    always had: every step of every episode recorded."""
+    return run_episodes(spec, policy, num_envs, engine="process", **run)

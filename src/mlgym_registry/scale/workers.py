@@ -7,8 +7,9 @@ to three seconds more). On a machine with few cores, building and shutting down 
 With ``warm_workers()`` the workers start from multiprocessing's ``forkserver`` instead, whose server imported those
 modules once (``PRELOAD_MODULE``): each worker is a fork of it, ready in a fraction of a second, sharing the server's
 memory until it writes to it, and it ends with ``os._exit`` once its envs are closed, without the teardown. A worker
-still builds its own env from the task's spec (``parallel.EnvFactory``): the server imports modules and registers
-nothing, so what a worker registers (its plugins, through the same entry points) is what a spawned worker would.
+still builds its own env from the task's spec (``interop.torchrl.env_factory.EnvFactory``): the server imports modules
+and registers nothing, so what a worker registers (its plugins, through the same entry points) is what a spawned worker
+would.
 
 Nothing here imports torch, so ``start_worker_server()`` can start the server's imports before this process does
 its own, and the two run side by side.

@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from typing import Any
 
 from tensordict import TensorDictBase
 from torchrl.envs import TransformedEnv
 
-from . import pool_wire
+from ..env_hooks import env_built
 from .base import refuse_stepped
-from .pools import (
-    adopt_pool,
-    called_by_pool,
-    constructing_pool,
-    for_parallel,
-    for_pool,
-    parallel_worker,
-)
 
-
-def _for_caller(out: TensorDictBase, env: ChainEnv) -> TensorDictBase:
-    """``out`` as the caller of the ``ChainEnv`` method calling this needs it: a ``PoolOutput`` of ``env`` for an
-    ``AsyncEnvPool``, a ``ParallelOutput`` (conversations dense when it consolidates) for a ``ParallelEnv`` worker,
-    else ``out`` itself."""
-    if called_by_pool(3):
-        return for_pool(out, env.pool_token)
-    consolidating = parallel_worker(3)
-    return out if consolidating is None else for_parallel(out, consolidating)
+OutputAdapter = Callable[[TensorDictBase, "ChainEnv"], TensorDictBase]
+"""What the code driving an env does to each output before the env returns it: ``adapter(output, env)``."""
 
 
 class ChainEnv(TransformedEnv):
@@ -37,25 +22,19 @@ class ChainEnv(TransformedEnv):
       ``env.step_mdp``): without it the backend runs the command, and tensordict then fails with an error about lazy
       batch sizes.
     - It is a context manager: ``with registry.make(...) as env:`` closes it, and its backend, on the way out.
-    - In TorchRL's ``AsyncEnvPool`` (``transforms/pools.py``): what the env returns to the pool stacks with the pool's
-      default ``stack="dense"`` whatever each env's conversation length, a threading pool closes its envs, and a
-      multiprocessing pool's queues carry only the messages the other end lacks (``transforms/pool_wire.py``).
+    - The code that drives it may have its outputs handed over in a form of its own (``hand_outputs_to``), told once:
+      the layers above attach to each env as it is built (``env_hooks``), and the env never asks who calls it.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        pool = constructing_pool()
-        if pool is not None:
-            adopt_pool(pool)
+        env_built(self)
 
-    @property
-    def pool_token(self) -> str:
-        """Names this env's outputs on a multiprocessing pool's queues (``pools.PoolOutput``), and the process the
-        env lives in (a copy of the env sent to another process gets a name of its own there)."""
-        token = self.__dict__.get("_pool_token")
-        if token is None or not token.startswith(f"{os.getpid()}:"):
-            token = self.__dict__["_pool_token"] = pool_wire.new_token()
-        return token
+    def hand_outputs_to(self, adapter: OutputAdapter | None) -> None:
+        """Pass what the env's outermost calls return (``step``, ``reset``, ``step_and_maybe_reset``, ``_step``,
+        ``_reset``) through ``adapter(output, env)`` from now on (None: return them as they are). The calls the env
+        makes of itself inside one of those are left alone."""
+        self.__dict__["_output_adapter"] = adapter
 
     def fork(self, n: int = 1) -> list[ChainEnv]:
         """``n`` independent envs in exactly this one's state after its last step (``transforms/forking.py``): the
@@ -84,19 +63,37 @@ class ChainEnv(TransformedEnv):
     def step(self, tensordict: TensorDictBase) -> TensorDictBase:
         """``TransformedEnv.step``, after checking that ``tensordict`` is a step's input, not its output."""
         refuse_stepped(tensordict)
-        return _for_caller(super().step(tensordict), self)
+        return self._handed_out(super().step, tensordict)
 
     def reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         """``TransformedEnv.reset``."""
-        return _for_caller(super().reset(tensordict, **kwargs), self)
+        return self._handed_out(super().reset, tensordict, **kwargs)
 
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """``TransformedEnv.step_and_maybe_reset``."""
-        out, following = super().step_and_maybe_reset(tensordict)
-        return _for_caller(out, self), _for_caller(following, self)
+        return self._handed_out(super().step_and_maybe_reset, tensordict)
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
-        return _for_caller(super()._reset(tensordict, **kwargs), self)
+        return self._handed_out(super()._reset, tensordict, **kwargs)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return _for_caller(super()._step(tensordict), self)
+        return self._handed_out(super()._step, tensordict)
+
+    def _handed_out(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``, its output (or each of its outputs) passed through the adapter of
+        ``hand_outputs_to`` when this is the outermost of the env's calls."""
+        state = self.__dict__
+        adapter = state.get("_output_adapter")
+        if adapter is None:
+            return call(*args, **kwargs)
+        depth = state.get("_call_depth", 0)
+        state["_call_depth"] = depth + 1
+        try:
+            out = call(*args, **kwargs)
+        finally:
+            state["_call_depth"] = depth
+        if depth:
+            return out
+        if isinstance(out, tuple):
+            return tuple(adapter(item, self) for item in out)
+        return adapter(out, self)

@@ -20,9 +20,8 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 from torchrl.data import Composite
 
 from .base import ChainTransform
-from .history import MessageStack, common_prefix, extend_history, history_from
+from .history import History, MessageStack, common_prefix, extend_history, history_from
 from .layout import Layout, set_entry
-from .torchrl_internals import History
 
 
 def _scalar(value: Any, index: tuple[int, ...]) -> Any:

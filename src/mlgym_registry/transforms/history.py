@@ -12,7 +12,10 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor
 
-from .torchrl_internals import History
+try:  # tensordict >= 0.15 keeps History (TorchRL re-exports it from there); the package's one import of it
+    from tensordict.llm import History
+except ImportError:  # tensordict <= 0.14: TorchRL's own
+    from torchrl.data.llm import History
 
 HISTORY_FIELDS = ("role", "content", "is_complete")
 """The fields a ``History`` actually stores. ``History.default_spec()`` also declares ``tool_calls`` and

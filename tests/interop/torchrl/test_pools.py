@@ -179,7 +179,7 @@ def test_a_threading_pool_closes_every_env_and_its_sandbox():
 def test_a_multi_process_collector_over_envs_of_different_lengths_releases_everything_at_shutdown():
     from torchrl.collectors import Collector
 
-    from mlgym_registry.scale.parallel import EnvFactory
+    from mlgym_registry.interop.torchrl.env_factory import EnvFactory
 
     before = descendants()
     from mlgym_registry.scale.workers import warm_workers

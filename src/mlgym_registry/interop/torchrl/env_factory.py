@@ -1,7 +1,7 @@
 """Building a task's env in another process: ``EnvFactory`` (picklable, with no reference to anything registered in
 the process that made it), and the transforms that let a worker's steps carry what the driver needs (the backend's
-``info``, the env's index) and seed each episode. Used by worker processes (``parallel``, ``transforms.pools``) and
-Ray's collectors (``ray_collectors``) alike."""
+``info``, the env's index) and seed each episode. Used by TorchRL's collectors and pools (``collectors``, ``pools``)
+and Ray's collectors (``ray_collectors``) alike."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tensordict import TensorDictBase
 from torchrl.data import Composite, NonTensor
 from torchrl.envs import Transform
 
-from ..specs import TaskSpec
+from ...specs import TaskSpec
 
 INFO_KEY = "backend_info"
 """Where ``RecordInfo`` puts the backend's ``info`` of each step (as JSON text) for the main process to read."""
@@ -87,20 +87,20 @@ class EnvFactory:
                      self.seed_stride))
 
     def __getstate__(self) -> dict[str, Any]:
-        from ..registry import adopt_pool_being_built
+        from ...env_hooks import factory_pickled
 
-        adopt_pool_being_built()  # pickled for a multiprocessing AsyncEnvPool's worker: that pool must close it
+        factory_pickled()  # maybe by a multiprocessing AsyncEnvPool for its worker: that pool must close it (hooks)
         return dict(self.__dict__)
 
     @classmethod
     def from_spec(cls, spec: TaskSpec | str, **options: Any) -> EnvFactory:
         """A factory for ``spec`` (a ``TaskSpec`` or a registered name)."""
-        from ..registry import registry
+        from ...registry import registry
 
         return cls(registry.spec(spec).to_dict(), options)
 
     def __call__(self) -> Any:
-        from ..registry import registry
+        from ...registry import registry
 
         env = registry.make(TaskSpec.from_dict(self.spec), **self.options)
         if self.record_info:

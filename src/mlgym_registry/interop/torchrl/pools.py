@@ -7,8 +7,8 @@ one length per env: envs at different turns cannot be stacked densely, and tenso
 tensors to stack is incompatible ... for key prompt"); even at equal lengths, a dense stack of lazily stacked
 conversations is one that ``reshape`` (which TorchRL's LLM wrappers call) leaves unreshaped. So every output the env
 hands to a pool is a ``PoolOutput``: a ``TensorDict`` that ``torch.stack`` stacks lazily, as ``stack="lazy"`` does,
-so each env keeps its own shapes. Only outputs returned to a pool's worker are marked, so everything else
-(``rollout``, a user's own ``torch.stack``) behaves as before.
+so each env keeps its own shapes. Only what an env a pool drives returns to the pool is marked (``drivers``: the
+env is told once, as it is built), so everything else (``rollout``, a user's own ``torch.stack``) behaves as before.
 
 **ParallelEnv.** What the env returns to a ``ParallelEnv`` worker is a ``ParallelOutput``, whose ``where`` takes
 whole envs when TorchRL merges the envs it restarted into the others; a worker that consolidates (TorchRL's default)
@@ -18,6 +18,12 @@ gets dense conversations, which tensordict 0.14 can rebuild in the parent (a laz
 each worker), and every ``EnvBase`` counts as closed from construction, so ``collector.shutdown()`` skips
 ``pool.close()``. An env built by a threading pool's setup adopts the pool: the pool counts as open until it is
 closed, and closing it closes each of its envs.
+
+**Stack frames.** TorchRL 0.14 gives an env no way to learn which pool builds it, nor a pool's code any hook of ours,
+so two things are read from the stack, here alone, and listed in ``internals``: the pool being set up
+(``constructing_pool``: the ``self`` of a frame of the pool's own module, once per env built or factory pickled), and
+whether a ``view(-1)`` of a batch is the pool's reading of env indices (``reading_env_indices``: the code alone, no
+locals).
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_non_tensor, is_tensorclass, lazy_stack
 
+from ...transforms.history import messages_shared_in_clones
 from . import pool_wire
-from .history import messages_shared_in_clones
 
 _SEARCHED_FRAMES = 40
 """How far up the stack the pool that is building an env is looked for (the factory's own calls sit in between)."""
@@ -92,14 +98,6 @@ def _pool_module() -> Any:
     return sys.modules.get("torchrl.envs.async_envs")
 
 
-def called_by_pool(depth: int = 2) -> bool:
-    """True when the function ``depth`` frames up was called by an ``AsyncEnvPool`` worker (the pool's functions
-    that step and reset its envs, in a thread or a worker process), told by the caller's code alone: reading the
-    caller's locals would keep them (the env itself, in a user's function) alive in the frame's snapshot of them."""
-    module = _pool_module()
-    return module is not None and sys._getframe(depth).f_code.co_filename == module.__file__
-
-
 _INDEX_READER = "_maybe_make_tensordict"
 """The ``AsyncEnvPool`` method that flattens a batch of outputs only to read their env indices."""
 
@@ -125,7 +123,7 @@ def reading_env_indices(depth: int = 2) -> bool:
 
 
 def for_pool(tensordict: TensorDictBase, env: str | None = None) -> TensorDictBase:
-    """``tensordict`` as a ``PoolOutput`` of the env whose token is ``env`` (``ChainEnv.pool_token``)."""
+    """``tensordict`` as a ``PoolOutput`` of the env whose token is ``env`` (``drivers.env_token``)."""
     output = _recast(tensordict, PoolOutput)
     if env is not None:
         output._mlgym_env = env
@@ -148,24 +146,6 @@ def _recast(tensordict: TensorDictBase, cls: type[TensorDict]) -> TensorDictBase
 
 
 # -- ParallelEnv workers ----------------------------------------------------------------------------------------------
-_WORKER_LOOPS = ("_run_worker_pipe_direct", "_run_worker_pipe_shared_mem")
-"""TorchRL's ``ParallelEnv`` worker loops (``torchrl/envs/batched_envs.py``): they consolidate what the env returns."""
-
-
-def parallel_worker(depth: int = 2) -> bool | None:
-    """Whether the function ``depth`` frames up was called by a ``ParallelEnv`` worker loop: None when it was not,
-    else whether that worker consolidates what the env returns (``consolidate=True``, TorchRL's default). Only that
-    loop's own frame has its locals read."""
-    module = sys.modules.get("torchrl.envs.batched_envs")
-    if module is None:
-        return None
-    frame = sys._getframe(depth)
-    code = frame.f_code
-    if code.co_filename != module.__file__ or code.co_name not in _WORKER_LOOPS:
-        return None
-    return bool(frame.f_locals.get("consolidate", True))
-
-
 class ParallelOutput(TensorDict):
     """A ``TensorDict`` whose ``where`` merges whole envs: what the env returns to a ``ParallelEnv`` worker.
 

@@ -11,16 +11,14 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from mlgym_registry.scale.parallel import TextPolicy  # noqa: E402
-from mlgym_registry.scale.ray_collectors import (  # noqa: E402
-    NodeResources,
+from mlgym_registry.interop.torchrl.collectors import TextPolicy  # noqa: E402
+from mlgym_registry.interop.torchrl.ray_collectors import (  # noqa: E402
     RayCollectorError,
-    RayResourceError,
-    cpus_per_collector,
     ray_collector,
     ray_llm_collector,
     split_collector_kwargs,
 )
+from mlgym_registry.scale.ray_resources import RayResourceError  # noqa: E402
 from mlgym_registry.scale.ray_runtime import RayConnectionError, ray_session  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -71,17 +69,6 @@ def test_keywords_go_where_torchrl_reads_them():
     assert worker == {"compact_obs": True, "use_buffers": False}
     with pytest.raises(TypeError, match="'no_such_option'"):
         split_collector_kwargs({"no_such_option": 1})
-
-
-def test_default_cpus_fit_the_nodes():
-    two = [NodeResources("a", {"CPU": 2.0}, {"CPU": 2.0})]
-    assert cpus_per_collector(2, two) == 1.0
-    assert cpus_per_collector(4, two) == 0.5
-    assert cpus_per_collector(3, two) == 0.66  # 3 x 0.67 would not fit on 2 CPUs
-    uneven = [NodeResources("a", {"CPU": 1.0}, {"CPU": 1.0}), NodeResources("b", {"CPU": 0.5}, {"CPU": 0.5})]
-    assert cpus_per_collector(2, uneven) == 0.5  # 1 CPU each would leave one collector without a node
-    with pytest.raises(RayResourceError, match="no CPUs"):
-        cpus_per_collector(1, [NodeResources("gpu-only", {"GPU": 1.0}, {"GPU": 1.0})])
 
 
 def test_more_cpus_than_the_largest_node_fails_at_once_and_starts_nothing(session):
@@ -181,7 +168,7 @@ def test_torchrl_collector_with_the_ray_backend_takes_our_env_factory(session):
     from torchrl.collectors import Collector
     from torchrl.weight_update import NoWeightSyncScheme
 
-    from mlgym_registry.scale.parallel import EnvFactory
+    from mlgym_registry.interop.torchrl.env_factory import EnvFactory
 
     collector = Collector(
         EnvFactory.from_spec(TASK), TextPolicy("scripted", task_id=TASK), backend="ray", num_collectors=2,

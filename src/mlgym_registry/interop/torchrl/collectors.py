@@ -1,17 +1,13 @@
-"""Several episodes at once on one machine (``run_parallel``), and TorchRL's multi-process collector over our envs
-(``episode_collector``, with ``TextPolicy`` running a text policy next to each env).
+"""TorchRL's multi-process collector over our envs (``episode_collector``, with ``TextPolicy`` running a text policy
+next to each env).
 
-``run_parallel`` (``run --num-envs N``) plays each env's episodes in a worker process of its own and records every
-step in this process (``process_episodes``): every frame is numbered and the queue that carries them never drops one,
-so every step of every episode reaches the files however loaded the machine is, and an episode that is not fully
-received is an ``infra_error``.
-
-``episode_collector`` is TorchRL's ``Collector(num_collectors=N)`` over the same envs, for training loops that take
-batches of frames. It is lossy by TorchRL's design, not ours: a worker whose frame waits more than a second in the
-collector's one-frame queue (``torchrl.collectors._runner``: ``queue_out.put(..., timeout=_TIMEOUT)``, then
-``queue.Full``) drops it and plays on, so under load the main process misses steps and whole episodes. Use it for
-frames a trainer can afford to miss, never to record episodes. The workers are forked from a server that has imported
-torch, TorchRL and this package (``workers.warm_workers``), not spawned afresh.
+``episode_collector`` is TorchRL's ``Collector(num_collectors=N)`` over the envs ``run_parallel`` plays
+(``scale/runs.py``), for training loops that take batches of frames. It is lossy by TorchRL's design, not ours: a
+worker whose frame waits more than a second in the collector's one-frame queue (``torchrl.collectors._runner``:
+``queue_out.put(..., timeout=_TIMEOUT)``, then ``queue.Full``) drops it and plays on, so under load the main process
+misses steps and whole episodes. Use it for frames a trainer can afford to miss, never to record episodes
+(``run_parallel`` records every step: ``scale/process_episodes.py``). The workers are forked from a server that has
+imported torch, TorchRL and this package (``scale.workers.warm_workers``), not spawned afresh.
 """
 
 from __future__ import annotations
@@ -23,10 +19,9 @@ from typing import Any
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from ..episodes.episode import EpisodeResult
-from ..policies.base import PolicyError
-from ..policies.give_up import GAVE_UP_RESPONSE
-from ..specs import TaskSpec
+from ...policies.base import PolicyError
+from ...policies.give_up import GAVE_UP_RESPONSE
+from ...specs import TaskSpec
 from .env_factory import INFO_KEY, WORKER_KEY, EnvFactory  # noqa: F401 - part of this module's interface
 
 STATS_KEY = "policy_stats"
@@ -58,7 +53,7 @@ class TextPolicy(TensorDictModuleBase):
 
     def __init__(self, policy: str, task_id: str | None = None, layout: str = "default",
                  episodes: int | None = None, parser: str | None = None, idle_pause: float = IDLE_PAUSE):
-        from ..transforms.layout import get_layout
+        from ...transforms.layout import get_layout
 
         super().__init__()
         keys = get_layout(layout)
@@ -79,8 +74,8 @@ class TextPolicy(TensorDictModuleBase):
         return state
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        from ..policies import make_policy
-        from ..transforms.history import as_dicts
+        from ...policies import make_policy
+        from ...transforms.history import as_dicts
 
         messages = as_dicts(tensordict.get(self.in_keys[0]))
         if self._policy is None:
@@ -117,19 +112,20 @@ def episode_collector(
     options: dict[str, Any] | None = None,
     episodes_per_env: int = 1,
 ) -> tuple[Any, TextPolicy]:
-    """The collector ``run_parallel`` plays through, and the ``TextPolicy`` its workers run; it starts its workers.
+    """TorchRL's collector over the envs ``run_parallel`` plays, and the ``TextPolicy`` its workers run; it starts
+    its workers.
 
     TorchRL's multi-process ``Collector``: one worker per env, each building its env from the spec (``EnvFactory``,
     env ``i`` seeded ``seed + i`` then every ``num_envs``) and running ``policy`` next to it, one step per frame.
-    The workers are forked from the warm server of ``workers.py`` (``warm_workers``). Iterate it, then
+    The workers are forked from the warm server of ``scale/workers.py`` (``warm_workers``). Iterate it, then
     ``shutdown()`` it.
     """
     from torchrl.collectors import Collector
     from torchrl.weight_update import NoWeightSyncScheme
 
-    from ..options import check_option
-    from ..registry import registry
-    from .workers import WithParentEnviron, warm_workers
+    from ...options import check_option
+    from ...registry import registry
+    from ...scale.workers import WithParentEnviron, warm_workers
 
     spec = registry.spec(spec)
     # the receiver reads the chain's own unbatched frames
@@ -149,10 +145,3 @@ def episode_collector(
                               weight_sync_schemes={"policy": NoWeightSyncScheme()})
     return collector, module
 
-
-def run_parallel(spec: TaskSpec | str, policy: str, num_envs: int, **run: Any) -> list[EpisodeResult]:
-    """``runs.run_episodes(spec, policy, num_envs, engine="process", **run)``, under the name this module has always
-    given it: every step of every episode recorded."""
-    from .runs import run_episodes
-
-    return run_episodes(spec, policy, num_envs, engine="process", **run)

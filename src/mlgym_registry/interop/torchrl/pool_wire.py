@@ -27,7 +27,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import sys
 import threading
 import uuid
 import weakref
@@ -39,7 +38,7 @@ from typing import Any
 import numpy
 import torch
 
-from .history import MessageStack, common_prefix
+from ...transforms.history import MessageStack, common_prefix
 
 RECENT_LISTS = 4
 """Message lists remembered per env: one output holds several histories (before the step, after it, the reset's)."""
@@ -145,16 +144,12 @@ def may_encode(token: str) -> bool:
 
 def _queue_destination() -> int | None:
     """The process id of the pool worker at the other end of the queue this feeder thread feeds, if that queue is
-    one of a watched pool's input queues."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_name != "_feed":
-        frame = frame.f_back
-    if frame is None:
-        return None
-    writer = getattr(frame.f_locals.get("send_bytes"), "__self__", None)
+    one of a watched pool's input queues (a ``multiprocessing`` queue keeps the feeder thread it started:
+    ``Queue._thread``)."""
+    feeder = threading.current_thread()
     for pool in list(_POOLS):
         for queue, worker in zip(getattr(pool, "input_queue", ()), getattr(pool, "threads", ()), strict=False):
-            if getattr(queue, "_writer", None) is writer:
+            if getattr(queue, "_thread", None) is feeder:
                 return worker.pid
     return None
 

@@ -1,5 +1,5 @@
 """A multiprocessing pool's queues carry each env's conversation as the messages the other end lacks
-(``transforms/pool_wire.py``): the conversations that cross are the envs' own, message for message, whatever their
+(``interop/torchrl/pool_wire.py``): the conversations that cross are the envs' own, message for message, whatever their
 length, and what crosses a turn does not grow with the conversation."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pickle
 
 import pytest
 
-from mlgym_registry.scale.parallel import EnvFactory
+from mlgym_registry.interop.torchrl.env_factory import EnvFactory
+from mlgym_registry.interop.torchrl.pool_wire import MIN_SHARED_TEXT, Wire, WireOutOfStep, common_text_prefix
 from mlgym_registry.scale.workers import WithParentEnviron, warm_workers
 from mlgym_registry.transforms.history import as_dicts, common_prefix, extend_history, history_from, message
-from mlgym_registry.transforms.pool_wire import MIN_SHARED_TEXT, Wire, WireOutOfStep, common_text_prefix
 
 TASK = "prisonersDilemma"
 MAX_TURNS = (3, 5)
