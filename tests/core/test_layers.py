@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,8 @@ import mlgym_registry
 
 PACKAGE = Path(mlgym_registry.__file__).parent
 NAME = "mlgym_registry"
+CONCEPTS = Path(__file__).resolve().parents[2] / "docs" / "concepts.md"
+"""The page whose layer table draws ``LAYERS`` for readers."""
 
 LAYERS: list[set[str]] = [
     # 0, the helpers every layer uses: the package's version, errors, hook specs, task specs and their submission
@@ -141,6 +144,16 @@ def test_imports_run_down_the_layers_but_for_the_listed_few():
     stale = set(UPWARD) - set(upward)
     assert not stale, f"UPWARD lists arrows no import makes any more: remove {sorted(stale)}"
     assert len(UPWARD) <= 4
+
+
+def test_the_layer_table_of_docs_concepts_names_the_units_of_each_layer():
+    """docs/concepts.md's table has one row per layer, bottom up, and its "where" column names exactly that layer's
+    units (``errors.py``, ``scale/``)."""
+    rows = [line for line in CONCEPTS.read_text().splitlines() if re.match(r"\| \d+\. ", line)]
+    drawn = [{name.removesuffix(".py").removesuffix("/") for name in re.findall(r"`([^`]+)`", row.rsplit("|", 2)[1])}
+             for row in rows]
+    assert [row.split(".", 1)[0].strip("| ") for row in rows] == [str(index) for index in range(len(LAYERS))]
+    assert drawn == LAYERS
 
 
 def test_no_circle_between_the_root_modules_at_import_time():
