@@ -19,6 +19,7 @@ MODULES = (
     "transformers",
     "mlgym_registry.registry",
     "mlgym_registry.interop.torchrl.collectors",
+    "mlgym_registry.interop.torchrl.drivers",
     "mlgym_registry.transforms.chain",
     "mlgym_registry.transforms",
     "mlgym_registry.backends.local.backend",
