@@ -89,28 +89,30 @@ def test_fork_before_reset_says_what_to_do(spec):
         env.close()
 
 
-def test_children_step_side_by_side_in_a_threading_async_env_pool(episode):
-    """The pool's async API (what LLMCollector drives), from the branch's tensordict stacked once per child: its
-    ``reset`` would start new episodes."""
+def test_a_fork_point_makes_the_children_of_a_threading_async_env_pool_which_closes_them(episode):
+    """The pool's async API (what LLMCollector drives), from the branch's tensordict stacked once per child (its
+    ``reset`` would start new episodes); the pool adopts the children its setup made, and closes them."""
     from tensordict import NonTensorStack
     from torchrl.envs import AsyncEnvPool
 
     parent, td = episode
-    children = parent.fork(2)
-    pool = AsyncEnvPool([lambda child=child: child for child in children], backend="threading")
+    point = parent.fork_point()
     try:
-        branch = torch.stack([td.clone() for _ in children])
-        branch["env_index"] = NonTensorStack(*(NonTensorStack(i) for i in range(len(children))))
+        pool = AsyncEnvPool([point] * 2, backend="threading")
+    finally:
+        point.close()
+    try:
+        branch = torch.stack([td.clone() for _ in range(2)])
+        branch["env_index"] = NonTensorStack(*(NonTensorStack(i) for i in range(2)))
         branch["text", "response"] = [[fenced(f"echo {word} > mine.txt && cat mine.txt")] for word in ("a", "b")]
         pool.async_step_send(branch)
         out = pool.async_step_recv(min_get=2)
         seen = sorted(out["next", "history", "prompt"][i][0, -1].content.split("\n")[0] for i in range(2))
         assert seen == ["a", "b"]
-        assert [child.base_env.turns for child in children] == [parent.base_env.turns + 1] * 2
+        assert [env.base_env.turns for env in pool.envs] == [parent.base_env.turns + 1] * 2
     finally:
         pool.close()
-        for child in children:
-            child.close()
+    assert pool.is_closed and all(env.is_closed for env in pool.envs)
 
 
 @pytest.mark.slow

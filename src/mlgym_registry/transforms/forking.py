@@ -15,6 +15,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from ..env_hooks import env_built, factory_pickled
 from ..errors import EnvMisuseError
 from .backend_env import BackendEnv, _close_quietly
 
@@ -62,13 +63,15 @@ def _copy_over(env: Any, base: BackendEnv, backend: Any, child_backend: Any) -> 
     child_base._finalizer = weakref.finalize(child_base, _close_quietly, child_base._backend_holder)
     for key in DRIVER_STATE:  # the parent's driver (a pool holding it) is not the child's
         child.__dict__.pop(key, None)
+    env_built(child)  # a new env, as one the chain builds: the layers above attach to it (a pool being set up)
     return child
 
 
 @dataclass
 class ChainForkPoint:
     """A chain env's state at a fork, picklable: calling it makes one child env, in this process or in another one
-    (a multiprocessing ``AsyncEnvPool``'s worker: ``AsyncEnvPool([point] * n, backend="multiprocessing")``). The
+    (``AsyncEnvPool([point] * n, backend="multiprocessing")`` or ``backend="threading"``: each pool adopts the
+    children its setup makes, and closes them). The
     backend's point (``backends.local.forking.ForkPoint``) holds the frozen files while the point is open; close it
     once the envs are made."""
 
@@ -82,7 +85,12 @@ class ChainForkPoint:
         base = child.base_env
         base._backend_holder.append(self.backend.make())
         base._finalizer = weakref.finalize(base, _close_quietly, base._backend_holder)
+        env_built(child)  # as an env the chain builds: a pool setting itself up with this point adopts it
         return child
+
+    def __getstate__(self) -> dict[str, Any]:
+        factory_pickled()  # maybe by a multiprocessing AsyncEnvPool for its worker (env_hooks)
+        return dict(self.__dict__)
 
     def close(self) -> None:
         """Let go of the point's hold on the frozen files (the envs made from it keep their own)."""
