@@ -205,16 +205,18 @@ def test_a_model_error_ends_the_rollout_and_closes_its_sandbox(load, workspaces)
 
 
 def test_a_timed_out_rollout_closes_its_sandbox_once_the_running_command_ends(load, workspaces):
-    env = load(command_timeout=3)
-    env.set_kwargs(timeout_seconds=1.0)  # verifiers cancels the rollout after a second, mid-step
-    sleep = "DISCUSSION\nWait.\n```\nsleep 30\n```"
+    # verifiers cancels the rollout after 10 s, mid-step: time enough for the env's start on a loaded machine (with 1 s
+    # the rollout was cancelled before its first step there), and the step's command ends at its own timeout
+    env = load(command_timeout=20)
+    env.set_kwargs(timeout_seconds=10.0)
+    sleep = "DISCUSSION\nWait.\n```\nsleep 600\n```"
     before = live_children()
     started = time.monotonic()
     with Endpoint(by_turn([sleep])) as endpoint:
         (output,) = evaluate(env, endpoint.url)
     # the step verifiers gave up on ran to its end in the env before the env was closed
     assert output["stop_condition"] == "timeout_reached" and output["info"]["mlgym"]["steps"] == 1
-    assert time.monotonic() - started < 25  # the command's timeout ended the step, not the sleep
+    assert time.monotonic() - started < 300  # the command's timeout (20 s) ended the step, not the sleep (600 s)
     assert_sandboxes_gone(workspaces, before)
 
 
