@@ -24,10 +24,14 @@ def baseline_and_score(out: Path) -> tuple[float, float]:
     return results["baseline"]["Score"], results["agent"][-1]["Score"]
 
 
+@pytest.mark.slow
 def test_demo_episode_shows_each_turn_beats_the_baseline_and_is_replayable(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert cli_main(["run", "prisonersDilemma", "--policy", "scripted", "--seed", "0", "--out", str(out)]) == 0
-    shown = capsys.readouterr().out
+    # make demo's command in a fresh process, as a user runs it (no wall-clock bound: the suite runs on loaded
+    # machines, and what the demo costs is bench/'s business)
+    result = run_cli("run", "prisonersDilemma", "--policy", "scripted", "--seed", "0", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    shown = result.stdout
     assert "[  1] ls -a" in shown and "validate" in shown and "reward +" in shown
     assert "above the baseline" in shown.splitlines()[-2]
     trajectory = load_traj(out / "prisonersDilemma.traj")
@@ -49,15 +53,6 @@ def test_scripted_agent_beats_the_baseline_of_every_game(task, tmp_path):
     assert cli_main(["run", task, "--seed", "1", "--out", str(out), "--quiet"]) == 0
     baseline, score = baseline_and_score(out)
     assert score > baseline
-
-
-@pytest.mark.slow
-def test_make_demo_command_in_a_fresh_process(tmp_path):
-    # no wall-clock bound here (the suite runs on loaded machines): what the demo costs is bench/'s business
-    result = run_cli("run", "prisonersDilemma", "--policy", "scripted", "--seed", "0", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    assert "above the baseline" in result.stdout
-    assert load_traj(tmp_path / "prisonersDilemma.traj").steps
 
 
 def test_max_steps_autosubmits(tmp_path, capsys):
@@ -129,7 +124,7 @@ def test_sigint_mid_episode_keeps_the_steps_and_leaves_nothing_behind(tmp_path):
             time.sleep(0.2)
         assert workspace_processes(temp), "the episode never got to its second step"
         proc.send_signal(signal.SIGINT)
-        _stdout, stderr = proc.communicate(timeout=60)
+        _stdout, stderr = proc.communicate(timeout=300)  # a ceiling for a loaded machine, not a timing
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,22 @@ def run(tmp_path: Path, name: str, *args: str) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
-def test_a_run_records_task_components_seed_policy_versions_and_times(tmp_path):
-    results = run(tmp_path, "first", "--policy", "scripted", "--reward", "mlgym_best_improvement")
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """A scripted run with no seed given (``scripted-run``) and a replay of it (``replayed``), played once for the
+    module: every test here reads them, none writes into them."""
+    folder = tmp_path_factory.mktemp("runs")
+    run(folder, "scripted-run", "--policy", "scripted", "--reward", "mlgym_best_improvement")
+    run(folder, "replayed", "--policy", f"replay:{folder / 'scripted-run' / 'prisonersDilemma.traj'}")
+    return folder
+
+
+def results_of(folder: Path) -> dict:
+    return json.loads((folder / "results.json").read_text())
+
+
+def test_a_run_records_task_components_seed_policy_versions_and_times(runs):
+    results = results_of(runs / "scripted-run")
     record = results["run"]
     assert record["task"]["name"] == record["task"]["id"] == "prisonersDilemma"
     assert record["task"]["hash"].startswith("sha256:") and record["task"]["file"].endswith("prisonersDilemma.yaml")
@@ -35,15 +50,15 @@ def test_a_run_records_task_components_seed_policy_versions_and_times(tmp_path):
     assert isinstance(record["seed"], int)  # none given: one was drawn, and recorded
     assert record["max_steps"] == 3 and record["policy"] == {"name": "scripted"}
     assert record["versions"]["torch"] and record["started"] < record["ended"]
-    traj = json.loads((tmp_path / "first" / "prisonersDilemma.traj").read_text())
+    traj = json.loads((runs / "scripted-run" / "prisonersDilemma.traj").read_text())
     assert traj["run"] == record
 
 
 @pytest.mark.slow
-def test_a_replay_of_a_recorded_run_plays_it_again_from_its_record_alone(tmp_path):
-    first = run(tmp_path, "first", "--policy", "scripted", "--reward", "mlgym_best_improvement")
-    traj = tmp_path / "first" / "prisonersDilemma.traj"
-    again = run(tmp_path, "again", "--policy", f"replay:{traj}")
+def test_a_replay_of_a_recorded_run_plays_it_again_from_its_record_alone(runs, tmp_path):
+    first = results_of(runs / "scripted-run")
+    traj = runs / "scripted-run" / "prisonersDilemma.traj"
+    again = results_of(runs / "replayed")
     assert again["agent"] == first["agent"]
     assert again["run"]["seed"] == first["run"]["seed"]
     assert again["run"]["components"]["reward"]["name"] == "mlgym_best_improvement"
@@ -55,10 +70,8 @@ def test_a_replay_of_a_recorded_run_plays_it_again_from_its_record_alone(tmp_pat
 
 
 @pytest.mark.slow
-def test_report_takes_models_from_records_leaves_replays_out_and_names_folders_it_cannot_place(tmp_path):
-    runs = tmp_path / "runs"
-    run(runs, "scripted-run", "--policy", "scripted")
-    run(runs, "replayed", "--policy", f"replay:{runs / 'scripted-run' / 'prisonersDilemma.traj'}")
+def test_report_takes_models_from_records_leaves_replays_out_and_names_folders_it_cannot_place(runs, tmp_path):
+    runs = Path(shutil.copytree(runs, tmp_path / "runs"))  # the shared runs, and a folder of this test's own
     unplaced = runs / "someone"
     unplaced.mkdir()
     (unplaced / "results.json").write_text(json.dumps({"agent": [{"Score": 2.5}], "baseline": {"Score": 2.376}}))
