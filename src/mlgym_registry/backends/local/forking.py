@@ -197,7 +197,7 @@ class ForkPoint:
         return state
 
 
-def background_processes(session: ShellSession, settle: float = 0.5) -> list[str]:
+def background_processes(session: ShellSession, settle: float = 2.0) -> list[str]:
     """The agent's processes running beside its shell, each as ``pid (command line)``. A subshell that has not yet
     run its program (``sleep 600 &`` forks bash, then execs sleep) is read again for up to ``settle`` seconds, so
     that the program is what is named."""
