@@ -48,6 +48,21 @@ def table(reports: list, skipped: dict[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
+def still_needed(name: str, refusal: Exception) -> str:
+    """Why a task does not run here, in a few words: what ``prepare`` would still need (the local backend's
+    blockers: packages, data, devices, models), else the refusal's first clause."""
+    from mlgym_registry import registry
+    from mlgym_registry.backends.local.task_checks import blockers
+
+    try:
+        kinds = list(dict.fromkeys(blocker.kind for blocker in blockers(registry.spec(name))))
+    except Exception:  # noqa: BLE001 - a task file that does not even load
+        kinds = []
+    if kinds:
+        return f"needs {', '.join(kinds)} (`mlgym-registry prepare {name}` says what)"
+    return str(refusal).split("; ")[0].replace(os.environ.get("MLGYM_ROOT", "\0"), "$MLGYM_ROOT")[:120]
+
+
 def randomness(report) -> str:
     """Where the evaluator's randomness came from, as the references' traces said."""
     said = report.randomness
@@ -74,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         except MLGymRegistryError as exc:  # a task this machine cannot run (its data, packages or devices)
             if not name.startswith("mlgym/") or args.tasks:
                 raise
-            skipped[name] = str(exc).split("; ")[0][:140]
+            skipped[name] = still_needed(name, exc)
             print(f"{name}: not run here: {exc}", flush=True)
             continue
         print(f"{name}: {'ok' if report.ok else 'FAILED'}, gap {report.gap}, {report.seconds:.0f} s", flush=True)
