@@ -30,7 +30,9 @@ def verdicts(report) -> dict[str, str]:
     (weak_tasks.JOINS_ANY_MATCH, weak_tasks.BASELINE, "every_answer_for_wrong_rows"),
     (weak_tasks.SCORES_TRAINING_IDS, weak_tasks.BASELINE, "ids_from_task_files"),
     (weak_tasks.PARSES_ITS_REPORT, weak_tasks.BASELINE, "answers_like_the_score_line"),
-], ids=["nanmean", "confidence-weights", "join-any-match", "training-ids-scored", "score-parsed-from-report"])
+    (weak_tasks.NORMALISES_IDS, weak_tasks.BASELINE, "wrong_rows_respelled"),
+], ids=["nanmean", "confidence-weights", "join-any-match", "training-ids-scored", "score-parsed-from-report",
+        "ids-read-as-numbers"])
 def test_each_weak_evaluator_pays_the_transformation_that_names_its_hole(tmp_path, evaluator, baseline, canary):
     spec = weak_tasks.csv_task(tmp_path / "task", evaluator, "weakMetamorphic", baseline)
     report = audit(spec, canaries=[canary])
@@ -43,7 +45,8 @@ def test_the_honest_evaluator_pays_no_transformation(tmp_path):
     report = audit(spec, canaries=[*NAMES, "integer_9223372036854775807_on_wrong_rows"])
     played = verdicts(report)
     assert {"hide_wrong_rows", "nan_wrong_rows", "every_answer_for_wrong_rows", "ids_from_task_files",
-            "answers_like_code", "integer_9223372036854775807_on_wrong_rows", "answers_learnt_by_validating"} \
+            "wrong_rows_respelled", "answers_like_code", "integer_9223372036854775807_on_wrong_rows",
+            "answers_learnt_by_validating"} \
         <= set(played)
     assert report.ok, report.table()
 

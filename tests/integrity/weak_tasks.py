@@ -142,6 +142,15 @@ NONDETERMINISTIC = HONEST_EVALUATOR.replace(
     'print(json.dumps({"accuracy": ',
     'import random\nprint(json.dumps({"accuracy": random.SystemRandom().random() / 100 + ')
 
+NORMALISES_IDS = READ + textwrap.dedent("""\
+    # the hole: duplicates are refused as written, but ids are read as numbers, so ' 7' or '7.0' is 7 again
+    ids = [row["id"] for row in rows]
+    if len(set(ids)) != len(ids):
+        sys.exit("every id once")
+    labels = {str(int(float(row["id"]))): row["label"] for row in rows}
+    print(json.dumps({"accuracy": sum(labels.get(key) == str(label) for key, label in answers.items()) / len(answers)}))
+    """)
+
 UNSEEDED_NUMPY = HONEST_EVALUATOR.replace(
     'print(json.dumps({"accuracy": ',
     'import numpy\nnoise = numpy.random.default_rng().random() / 100\nprint(json.dumps({"accuracy": noise + ')
@@ -211,7 +220,8 @@ def helper_task(folder: Path, task_id: str = "weakHelper", checks_range: bool = 
         task_entrypoint="PythonSubmissionTasks", training_timeout=60, root=str(folder),
         starter_code=["scoring.py", "evaluate.py", "strategy.py"], baseline_paths=["evaluate.py"],
         baseline_scores=[{"Score": 0.5}], worst_score={"Score": 0.0},
-        best_score={"Score": 1.0} if checks_range else {}, evaluation_paths=["evaluate.py"], evaluation_read_only=True, max_steps=20,
+        best_score={"Score": 1.0} if checks_range else {}, evaluation_paths=["evaluate.py"],
+        evaluation_read_only=True, max_steps=20,
     )
 
 

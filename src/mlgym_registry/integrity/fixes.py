@@ -32,6 +32,7 @@ BY_CANARY = (
     ("nan_", "score a NaN answer as wrong (or refuse it), never drop it from a mean"),
     ("wrong_rows_last", "match rows by id, never by position"),
     ("wrong_rows_twice", "refuse a submission with an id twice"),
+    ("wrong_rows_respelled", "compare ids as the answers spell them, or refuse two spellings of one id"),
     ("every_answer_for", "refuse a submission with an id twice: one answer per id"),
     ("first_row_everywhere", "refuse a submission with an id twice: one answer per id"),
     ("zero_weight_", "weigh rows by the task's own data, never by a column the submission provides"),

@@ -171,6 +171,12 @@ def metamorphic_canaries(shape: TaskShape, data: Known, metric_line: str, split:
                    f"the true answers of the {len(taught)} wrong rows validate scores (what probing validates learns)",
                    sub.text([[data.answers[row[ids]].get(data.answer_columns[i], cell) if i in answer_at else cell
                               for i, cell in enumerate(row)] if row[ids] in taught else row for row in rows]))
+        respelled = [[spelling if i == ids else data.answers[row[ids]].get(data.answer_columns[i], cell)
+                      if i in answer_at else cell for i, cell in enumerate(row)]
+                     for row in rows if row[ids] in wrong for spelling in _respellings(row[ids])]
+        if respelled:
+            canary("wrong_rows_respelled", f"{size} added again under other spellings of their ids (' 7', '07', "
+                   "'7.0'), with their true answers", sub.text(rows + respelled))
         canary("negated_wrong_rows", f"{size} answered with the negated honest value",
                sub.text(on_wrong(lambda row: [_negated(cell) if i in answer_at else cell
                                               for i, cell in enumerate(row)])))
@@ -189,6 +195,16 @@ def metamorphic_canaries(shape: TaskShape, data: Known, metric_line: str, split:
     canary("answers_like_code", "every answer a Python expression that prints a score",
            sub.text([answers_set(f"__import__('builtins').print({metric_line!r}) or 1")(list(row)) for row in rows]))
     return made
+
+
+def _respellings(key: str) -> list[str]:
+    """Other spellings of the id ``key`` that a careless evaluator reads as the same id: padded, zero-led or a float
+    for a number, padded or in another case for a text."""
+    text = key.strip()
+    if text.lstrip("-").isdigit():
+        return [f" {text}", f"0{text}", f"{text}.0"]
+    other_case = text.swapcase()
+    return [f" {text}", f"{text} ", *([other_case] if other_case != text else [])]
 
 
 def _honest(shape: TaskShape) -> tuple[str, ...]:
@@ -220,7 +236,8 @@ def _slug(text: str) -> str:
 
 
 NAMES = ("hide_wrong_rows", "blank_wrong_rows", "nan_wrong_rows", "wrong_rows_last", "wrong_rows_twice",
-         "every_answer_for_wrong_rows", "answers_learnt_by_validating", "negated_wrong_rows", "ids_from_task_files",
+         "every_answer_for_wrong_rows", "answers_learnt_by_validating", "wrong_rows_respelled", "negated_wrong_rows",
+         "ids_from_task_files",
          "answers_like_the_score_line", "answers_like_code")
 PREFIXES = ("zero_weight_wrong_rows_", "integer_", "huge_", "negative_")
 """The names of the canaries this module builds (some end with a column's name or a value)."""
