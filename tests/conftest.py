@@ -104,14 +104,21 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+SUBPROCESS_CEILING = 600.0
+"""Seconds a test's fresh interpreter or command may take before it counts as hung: a ceiling far above what a loaded
+2-core machine takes (a 3-step run took 180 s on a shared one at load 30), not a timing."""
+
+
+def run_python(code: str, env: dict[str, str] | None = None,
+               timeout: float = SUBPROCESS_CEILING) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter of this environment."""
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=timeout
     )
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            timeout: float = SUBPROCESS_CEILING) -> subprocess.CompletedProcess:
     """Run ``mlgym-registry ARGS`` as a user would (a fresh process)."""
     return subprocess.run(
         [sys.executable, "-m", "mlgym_registry.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
@@ -186,6 +193,13 @@ def uses_module_fixture(item: pytest.Item) -> bool:
     return any(defs and defs[-1].scope == "module" for defs in definitions.name2fixturedefs.values())
 
 
+def uses_shared_server(item: pytest.Item) -> bool:
+    """Whether ``item`` uses the session's ``served`` (a module may define a ``served`` of its own instead)."""
+    definitions = getattr(item, "_fixtureinfo", None)
+    defs = definitions.name2fixturedefs.get("served") if definitions is not None else None
+    return bool(defs) and defs[-1].scope == "session"
+
+
 def is_replay_check(item: pytest.Item) -> bool:
     """The tests that read the background replays' outcomes (they wait for them, so they run last)."""
     import background_replays as replays
@@ -199,6 +213,7 @@ def pytest_collection_modifyitems(config, items):
 
     - the tests of a module that share a module-scoped fixture run in one worker (an ``xdist_group`` per module), so
       that the fixture (a Ray runtime, a model, a server) starts once, not once in each worker they are spread over;
+      the tests of every module that use the session's ``served`` model server run in one worker too;
     - those groups and the ``slow`` tests are handed out first, so that no long test starts when the others are done;
     - the tests that check the background replays come last, when the replays had the whole session to run (without
       workers they stay where they are: the replays run in the test process then, and the tests after
@@ -206,7 +221,11 @@ def pytest_collection_modifyitems(config, items):
     if xdist_worker() is None:
         return
     for item in items:
-        if uses_module_fixture(item) and not is_replay_check(item):
+        if is_replay_check(item):
+            continue
+        if uses_shared_server(item):
+            item.add_marker(pytest.mark.xdist_group(SERVED_GROUP))
+        elif uses_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
     def rank(item: pytest.Item) -> int:
@@ -284,9 +303,15 @@ def task_cache(tmp_path_factory):
         yield folder
 
 
-@pytest.fixture(scope="module")
+SERVED_GROUP = "served"
+"""The xdist_group of every test that uses ``served``: one worker runs them all, so the server starts once."""
+
+
+@pytest.fixture(scope="session")
 def served(tmp_path_factory):
-    """``transformers serve`` over the tiny model (``TinyServer`` of ``test_openai_policy``), one per test module."""
+    """``transformers serve`` over the tiny model (``TinyServer`` of ``model_server``), one for the session (for every
+    test of every module that uses it: starting one costs a fresh interpreter loading transformers and the model).
+    Its users count their own requests (``chat_requests()`` before and after) and change nothing in it."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     from model_server import TinyServer

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 import pytest
-from model_server import MODEL, Endpoint, TinyServer
+from model_server import MODEL, Endpoint
 
 from mlgym_registry import FormatError, registry
 from mlgym_registry.cli import main as cli_main
@@ -227,26 +227,19 @@ def first(value: Any) -> str:
 # -- a real server ---------------------------------------------------------------------------------------------------
 @pytest.mark.serve
 @pytest.mark.slow
-def test_transformers_serve_accepts_a_tool_calling_conversation(tmp_path_factory):
-    pytest.importorskip("fastapi")
-    pytest.importorskip("uvicorn")
-    server = TinyServer(tmp_path_factory.mktemp("serve_tools"))
-    try:
-        server.wait()
-        policy = make_policy(f"openai:{server.model}", base_url=server.url, max_tokens=8, temperature=0)
-        policy.reset(tool_spec())
-        assert policy.tools and policy.tools[0]["function"]["name"] == "open"
-        messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Look around."},
-                    {"role": "assistant", "content": "First, the files.\n" + encode_call("bash", '{"command": "ls"}',
-                                                                                         "call_9")},
-                    {"role": "tool", "content": "strategy.py"}]
-        before = server.chat_requests()
-        answer = policy(messages)
-        assert isinstance(answer, str) and server.chat_requests() == before + 1
-        assert policy.last_call()["finish_reason"] in ("stop", "length")
-        policy.close()
-    finally:
-        server.stop()
+def test_transformers_serve_accepts_a_tool_calling_conversation(served):
+    policy = make_policy(f"openai:{served.model}", base_url=served.url, max_tokens=8, temperature=0)
+    policy.reset(tool_spec())
+    assert policy.tools and policy.tools[0]["function"]["name"] == "open"
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Look around."},
+                {"role": "assistant", "content": "First, the files.\n" + encode_call("bash", '{"command": "ls"}',
+                                                                                     "call_9")},
+                {"role": "tool", "content": "strategy.py"}]
+    before = served.chat_requests()
+    answer = policy(messages)
+    assert isinstance(answer, str) and served.chat_requests() == before + 1
+    assert policy.last_call()["finish_reason"] in ("stop", "length")
+    policy.close()
 
 
 def tool_spec():

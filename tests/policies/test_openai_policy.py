@@ -8,7 +8,6 @@ module begins, so that it loads while the other tests run.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from typing import Any
@@ -228,31 +227,10 @@ def test_the_policy_travels_to_workers_as_its_options():
 
 
 # -- a real server: transformers serve over the tiny model --------------------------------------------------------
-def _serve_tests_selected(request: pytest.FixtureRequest) -> bool:
-    return any(item.get_closest_marker("serve") for item in request.session.items
-               if getattr(item, "module", None) is request.module)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _tiny_server_started(request, tmp_path_factory):
-    """Starts the server when the module begins (if one of its tests is selected) so that it loads meanwhile."""
-    missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
-    if missing or not _serve_tests_selected(request):
-        yield missing
-        return
-    server = TinyServer(tmp_path_factory.mktemp("serve"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def tiny_server(_tiny_server_started) -> TinyServer:
-    """``transformers serve`` over the tiny model, answering."""
-    if not isinstance(_tiny_server_started, TinyServer):
-        pytest.skip(f"transformers serve needs {', '.join(_tiny_server_started)}: pip install 'transformers[serving]'")
-    return _tiny_server_started.wait()
+@pytest.fixture
+def tiny_server(served) -> TinyServer:
+    """``transformers serve`` over the tiny model, answering: the session's (``served``, tests/conftest.py)."""
+    return served
 
 
 @pytest.mark.serve
