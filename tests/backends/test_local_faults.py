@@ -312,7 +312,7 @@ def test_sigkilled_owner_leaves_nothing_once_the_next_backend_starts(tmp_path):
     finally:
         owner.kill()  # SIGKILL: no close(), no finalizer, no atexit
         owner.wait()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a ceiling for a loaded machine: the loop ends when the shell is gone
     while psutil.pid_exists(facts["shell"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not psutil.pid_exists(facts["shell"])  # the shell dies with its owner (parent-death signal)

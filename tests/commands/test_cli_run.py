@@ -117,9 +117,9 @@ def test_sigint_mid_episode_keeps_the_steps_and_leaves_nothing_behind(tmp_path):
     traj = out / "prisonersDilemma.traj"
     try:
         proc.stdin.write("ls -a\n")
-        proc.stdin.write("sleep 120\n")  # the second step is still running when Ctrl-C arrives
+        proc.stdin.write("sleep 600\n")  # the second step is still running when Ctrl-C arrives
         proc.stdin.flush()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # a ceiling for a loaded machine: the loop ends at the second step
         while time.monotonic() < deadline and not any(p.name() == "sleep" for p in workspace_processes(temp)):
             time.sleep(0.2)
         assert workspace_processes(temp), "the episode never got to its second step"

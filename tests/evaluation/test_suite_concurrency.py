@@ -80,7 +80,7 @@ def start_bench(out: Path, *options: str) -> subprocess.Popen:
                             start_new_session=True, preexec_fn=default_sigint)
 
 
-def wait_for(condition, process: subprocess.Popen, what: str, seconds: float = 120) -> None:
+def wait_for(condition, process: subprocess.Popen, what: str, seconds: float = 300) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
         assert process.poll() is None, process.communicate()

@@ -55,7 +55,7 @@ class Server:
                 self.proc.kill()
 
 
-def wait_until(check, timeout: float = 20.0) -> bool:
+def wait_until(check, timeout: float = 120.0) -> bool:  # a ceiling for a loaded machine: returns once true
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
