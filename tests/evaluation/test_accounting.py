@@ -2,7 +2,7 @@
 ``--cost-limit`` that ends a run with MLGym's ``exit_cost``, and the report's accounting, spread, noise band and
 warnings.
 
-A served model is ``transformers serve`` over the tiny model (``TinyServer`` of ``test_openai_policy``); the
+A served model is ``transformers serve`` over the tiny model (the session's ``served``, tests/conftest.py); the
 scripted endpoint (``Endpoint``) stands in only for what a real server does not do on demand: an answer without
 ``usage``.
 """
