@@ -1080,7 +1080,7 @@ class InputTrace:
         module.__file__ = path
         spec.loader.exec_module(module)
         self._randomness = module.RandomnessTrace(workspace)
-        self._randomness.install()
+        self._randomness.install(AfterImport)
 
     def report(self) -> dict[str, list[str]]:
         """What was kept, by kind (``randomness`` too, once ``follow_randomness`` was called)."""
@@ -1108,7 +1108,7 @@ def seed_global_randomness(seed: str | None) -> None:
     if "numpy" in sys.modules:  # preloaded
         _seed_numpy(sys.modules["numpy"], value)
     else:
-        sys.meta_path.insert(0, _NumpySeeder(value))
+        sys.meta_path.insert(0, AfterImport("numpy", lambda numpy: _seed_numpy(numpy, value)))
 
 
 def _seed_numpy(numpy, value: int) -> None:
@@ -1118,14 +1118,15 @@ def _seed_numpy(numpy, value: int) -> None:
         pass
 
 
-class _NumpySeeder:
-    """Seeds numpy's global generator as soon as numpy is imported (a finder that wraps numpy's own loader)."""
+class AfterImport:
+    """Calls ``then(module)`` once the module ``name`` has been imported (a finder that wraps its own loader): for
+    what must happen to a module as soon as the evaluation imports it (numpy's seeding, the randomness trace)."""
 
-    def __init__(self, value: int):
-        self.value = value
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "numpy":
+        if fullname != self.name:
             return None
         sys.meta_path.remove(self)
         spec = None
@@ -1136,11 +1137,11 @@ class _NumpySeeder:
                 break
         if spec is None or spec.loader is None:
             return spec
-        run, value = spec.loader.exec_module, self.value
+        run, then = spec.loader.exec_module, self.then
 
         def exec_module(module):
             run(module)
-            _seed_numpy(module, value)
+            then(module)
 
         spec.loader.exec_module = exec_module
         return spec

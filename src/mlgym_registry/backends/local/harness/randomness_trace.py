@@ -37,8 +37,9 @@ class RandomnessTrace:
         self.globals: dict[str, object] = {}
         """Per global generator the harness seeded: its state once seeded, to tell at the end whether it was used."""
 
-    def install(self) -> None:
-        """Wrap ``os``'s and ``random``'s calls now, numpy's and torch's now or as they are imported."""
+    def install(self, after_import) -> None:
+        """Wrap ``os``'s and ``random``'s calls now, numpy's and torch's now or as they are imported
+        (``after_import(name, then)``: the harness's finder that calls ``then(module)`` once it is imported)."""
         import random
 
         self._entropy(os, "urandom", "os.urandom")
@@ -62,7 +63,7 @@ class RandomnessTrace:
             if name in sys.modules:
                 wrap(sys.modules[name])
             else:
-                sys.meta_path.insert(0, AfterImport(name, wrap))
+                sys.meta_path.insert(0, after_import(name, wrap))
 
     def _entropy(self, module, name: str, source: str) -> None:
         original = getattr(module, name, None)
@@ -188,31 +189,3 @@ def _shown(value) -> str:
     except Exception:  # noqa: BLE001 - an object whose repr raises
         text = f"<{type(value).__name__}>"
     return text[:VALUE].replace("|", "/").replace("\n", " ")
-
-
-class AfterImport:
-    """Calls ``then(module)`` once the module ``name`` has been imported (a finder that wraps its own loader)."""
-
-    def __init__(self, name: str, then):
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = None
-        for finder in sys.meta_path:  # the others decide, the evaluation's own rules first
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None:
-            return spec
-        run, then = spec.loader.exec_module, self.then
-
-        def exec_module(module):
-            run(module)
-            then(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
