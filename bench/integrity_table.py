@@ -43,7 +43,7 @@ def table(reports: list, skipped: dict[str, str] | None = None) -> str:
         best, reference = (report.gap.get(reward, 0.0) for reward in REWARDS)
         lines.append(f"| {report.name or report.task} | {len(report.results)} | {failed} | {best:.3g} | "
                      f"{reference:.3g} | {randomness(report)} | {per:.1f} s |")
-    lines += [f"| {name} | - | not run on this machine: {why} | - | - | - | - |"
+    lines += [f"| {name} | - | not audited: {why} | - | - | - | - |"
               for name, why in (skipped or {}).items()]
     return "\n".join(lines)
 
@@ -60,7 +60,7 @@ def still_needed(name: str, refusal: Exception) -> str:
         kinds = []
     if kinds:
         return f"needs {', '.join(kinds)} (`mlgym-registry prepare {name}` says what)"
-    return str(refusal).split("; ")[0].replace(os.environ.get("MLGYM_ROOT", "\0"), "$MLGYM_ROOT")[:120]
+    return str(refusal).split("; ")[0].split(" (")[0].replace(os.environ.get("MLGYM_ROOT", "\0"), "$MLGYM_ROOT")
 
 
 def randomness(report) -> str:

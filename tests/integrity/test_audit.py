@@ -15,6 +15,7 @@ import yaml
 
 from mlgym_registry import registry
 from mlgym_registry import testing as kit
+from mlgym_registry.errors import MLGymRegistryError
 from mlgym_registry.hookspecs import hookimpl
 from mlgym_registry.integrity import FLOOR, Canary, audit
 from mlgym_registry.integrity.auditor import BEATS_HONESTY, DOCUMENTED_FARMING, FARMABLE, NONDETERMINISTIC, OK
@@ -153,6 +154,12 @@ def test_plugins_and_task_files_add_canaries_and_the_kit_fixture_fails_a_weak_ta
     assert sources["list_the_answers"] == "extra-canaries" and sources["forged_line"] == "task"
     assert report.ok, report.table()  # the answers stay hidden and a printed line is no score
     assert set(registry.names("canary")) == {"mlgym_registry", "hidden-answers"}
+
+
+def test_a_csv_task_without_a_baseline_program_is_refused_saying_what_to_add(tmp_path):
+    spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "noBaseline").replace(baseline_paths=[])
+    with pytest.raises(MLGymRegistryError, match="names no baseline program \\(baseline_paths\\).*add baseline_paths"):
+        audit(spec)
 
 
 def test_unknown_canary_names_get_a_did_you_mean(tmp_path):

@@ -163,6 +163,7 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
     registry = registry or default_registry
     started = time.monotonic()
     spec = registry.spec(task)
+    _refuse_without_reference(spec)
     names = list(dict.fromkeys([*(rewards or (spec.reward, *DEFAULT_REWARDS))]))
     report = IntegrityReport(task=spec.id, task_hash=task_hash(spec), rewards=names,
                              name=str(spec.registered_as or spec.id))
@@ -216,6 +217,20 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
             env.close()
     report.seconds = time.monotonic() - started
     return report
+
+
+def _refuse_without_reference(spec: TaskSpec) -> None:
+    """A task whose submission is a file that nothing of the task makes has no honest reference to judge by."""
+    from ..errors import MLGymRegistryError
+    from .canaries import task_shape
+
+    shape = task_shape(spec)
+    if shape.submission is not None and not shape.baseline:
+        raise MLGymRegistryError(
+            f"task {spec.id!r} names no baseline program (baseline_paths), so the audit has no honest submission of "
+            f"its {shape.submission} to judge the canaries by (a task that withholds its baseline on purpose, as "
+            "MLGym's L1 tasks do, is audited through the task it was made from, which shares its evaluator); add "
+            "baseline_paths to a copy of the task file to audit it")
 
 
 def _save_exploits(report: IntegrityReport, played: dict[str, Played], folder: Path) -> None:
