@@ -554,10 +554,17 @@ def is_offline_task(checkout: Path, task_id: str) -> bool:
 
 
 def replay_task(task_dir: Path, checkout: Path, scratch: Path, training_timeout: int = 90) -> dict:
-    """Every recorded action of one task's runs through a LocalBackend; observation kinds and score gaps."""
+    """Every recorded action of one task's runs through a LocalBackend; observation kinds and score gaps. The task
+    keeps MLGym's rules (its file as MLGym reads it: the opponent editable, as the runs found it) but is scored by our
+    evaluation program where the overlay has one (``overlay_files``: the games' lockstep evaluate.py), whose files are
+    never replaced by the versions a run saw."""
     from mlgym_registry.specs import load_task_yaml
+    from mlgym_registry.tasks.mlgym_overlay import overlay_files
 
     task = load_task_yaml(task_file(checkout, task_dir.name), root=checkout)
+    starter_code, protected = overlay_files(task.id, list(task.starter_code), list(task.protected_files))
+    task = task.replace(starter_code=starter_code, protected_files=protected)
+    overlay = {Path(item).name for item in task.starter_code if Path(item).is_absolute()}  # our program's files
     aliases = checkout / "dockerfiles" / "aliases.sh"
     steps = same = 0
     gaps: list[float] = []
@@ -567,7 +574,7 @@ def replay_task(task_dir: Path, checkout: Path, scratch: Path, training_timeout:
         files = []
         for item in task.starter_code:
             name = Path(item).name
-            if name in starters:
+            if name in starters and name not in overlay:
                 (scratch / run).mkdir(exist_ok=True)
                 (scratch / run / name).write_text(starters[name])
                 files.append(str(scratch / run / name))
