@@ -69,7 +69,9 @@ from an episode reset with ``reset(seed=SEED)`` (see ``honest_score``)."""
 
 FORKED_VARIABLE = "MLGR_SECURITY_FORKED"
 """Set to 1 to play the whole suite on forked envs: ``open_backend`` then returns the child of a fork whose parent it
-closed at once (the child stands alone on the frozen layer), so that every attack runs on a fork as on a fresh env."""
+closed at once (the child stands alone on the frozen layer), so that every attack runs on a fork as on a fresh env.
+The child is one made ahead (``prepare_forks``: a sandbox started before the layers existed, which sees its view
+mounted later), as every fork after an env's first takes."""
 
 
 def open_backend(spec: TaskSpec, **options) -> LocalBackend:
@@ -82,6 +84,7 @@ def open_backend(spec: TaskSpec, **options) -> LocalBackend:
         env.reset()
         env.install_tools()
         if os.environ.get(FORKED_VARIABLE) == "1":
+            assert env.prepare_forks(1, wait=True) == 1, "no child could be made ahead"
             parent, (env,) = env, env.fork(1)
             parent.close()
     except BaseException:

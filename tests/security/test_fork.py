@@ -70,15 +70,17 @@ def test_children_and_parent_never_see_each_others_writes(family):
     # from the host too: the frozen layer is untouched, each view holds its own
     for env, word in ((parent, "parent"), (first, "first"), (second, "second")):
         assert (env.host_workspace / "sub" / "f.txt").read_text() == f"{word}\n"
-    frozen = layer_folders(parent)[0] / layers.TREE / "sub"
+    frozen = layer_folders(first)[0] / layers.TREE / "sub"
     assert (frozen / "f.txt").read_text() == "hello\n" and (frozen / "link").is_symlink()
+    assert layer_folders(first) == layer_folders(second)
 
 
 def test_closing_the_parent_leaves_the_children_and_the_last_one_cleans_up(make):
     parent = make()
     write_file(parent, "strategy.py", HONEST)
     children = parent.fork(2)
-    folders, pids = layer_folders(parent), holders(parent) + [p for c in children for p in holders(c)]
+    folders, pids = layer_folders(children[0]), holders(parent) + [p for c in children for p in holders(c)]
+    assert folders and all(holders(child) for child in children)
     parent.close()
     assert all(folder.is_dir() for folder in folders)
     obs, score = validate(children[0])
@@ -221,21 +223,29 @@ def test_unsandboxed_fork_copies_and_rebases_the_working_directory(mini_spec):
         parent.close()
 
 
-def test_a_parent_forked_at_every_turn_keeps_a_bounded_stack_of_layers(make, monkeypatch):
+@pytest.mark.parametrize("copy_limit", [0, forking.COPY_LIMIT_BYTES])
+def test_a_parent_forked_at_every_turn_keeps_a_bounded_stack_of_layers(make, monkeypatch, copy_limit):
+    """Each generation forks the last one's child after a turn that wrote and removed a file: the stack stays
+    bounded whether the files are frozen themselves (limit 0) or copied (``_freeze_a_copy``, whiteouts included)."""
     monkeypatch.setattr(forking, "MAX_LAYERS", 2)
-    parent = make()
-    for turn in range(4):
-        run(parent, f"echo {turn} > turn{turn}.txt && rm -f turn{turn - 1}.txt")
-        (child,) = parent.fork(1)
-        try:
-            assert len(parent._res.layers) <= 2
-            assert run(child, "ls turn*.txt; cat turn*.txt").split() == [f"turn{turn}.txt", str(turn)]
-        finally:
-            child.close()
-    assert run(parent, "ls turn*.txt").split() == ["turn3.txt"]
+    monkeypatch.setattr(forking, "COPY_LIMIT_BYTES", copy_limit)
+    env = make()
+    envs = [env]
+    try:
+        for turn in range(4):
+            run(env, f"echo {turn} > turn{turn}.txt && rm -f turn{turn - 1}.txt")
+            (env,) = env.fork(1)
+            envs.append(env)
+            assert all(len(each._res.layers) <= 2 for each in envs)
+            assert run(env, "ls turn*.txt; cat turn*.txt").split() == [f"turn{turn}.txt", str(turn)]
+        assert run(envs[-2], "ls turn*.txt").split() == ["turn3.txt"]
+    finally:
+        for each in envs[1:]:
+            each.close()
 
 
-def test_a_parent_unchanged_since_its_last_fork_keeps_its_shell(make):
+def test_a_parent_unchanged_since_its_last_fork_keeps_its_shell(make, monkeypatch):
+    monkeypatch.setattr(forking, "COPY_LIMIT_BYTES", 0)  # the files themselves are frozen, the shell restarted
     parent = make()
     run(parent, "echo once > f.txt")
     first = parent.fork(1)
@@ -269,3 +279,43 @@ def test_a_pickled_fork_point_makes_children_until_its_layers_are_gone(make):
     parent.close()
     with pytest.raises(forking.ForkRefused, match="keep the ForkPoint open"):
         pickle.loads(pickle.dumps(point)).make()
+
+
+def _processes_of(env) -> list[int]:
+    session, view = env._res.session, env._res.view
+    return [pid for pid in (session.pid if session else None, view.holder.pid if view else None) if pid]
+
+
+def test_children_made_ahead_start_in_the_parents_state_and_nothing_outlives_close(make):
+    """``prepare_forks`` makes children ahead (their holder waiting, their sandbox started before any layer
+    existed): a fork takes them, and they carry the state and isolation of any child; the workspace they see later
+    is mounted without set-user-id files or devices, as the sandbox binds a folder; closing the parent closes the
+    ones no fork took."""
+    parent = make()
+    run(parent, "mkdir sub && echo hello > sub/f.txt && cd sub && export CARRIED='two words'")
+    assert parent.prepare_forks(3, wait=True) == 3
+    spares = list(parent._res.spares._ready)
+    made_ahead = [pid for spare in spares for pid in _processes_of(spare)]
+    children = parent.fork(2)
+    try:
+        assert children == spares[:2]
+        for child in children:
+            out, code = status(child, "pwd; echo \"$CARRIED\"; cat f.txt; "
+                                      "grep ' /home/agent/workspace ' /proc/self/mountinfo | tail -1")
+            assert code == 0, out
+            lines = out.splitlines()
+            assert lines[:3] == ["/home/agent/workspace/sub", "two words", "hello"], out
+            assert "nosuid" in lines[3] and "nodev" in lines[3], lines[3]
+        status(children[0], "echo first > f.txt")
+        assert run(children[1], "cat f.txt") == run(parent, "cat f.txt") == "hello"
+        out, _ = status(children[1], "for p in " + " ".join(map(str, layer_folders(children[0]))) +
+                        f" {children[0]._res.root} {parent._res.root}; do ls -d \"$p\" 2>/dev/null; done; echo end")
+        assert out.split() == ["end"], out
+    finally:
+        for child in children:
+            child.close()
+    assert parent._res.spares.wait(60) >= 1  # the fork asked for as many as it made
+    parent.close()
+    assert not [pid for pid in made_ahead if os.path.exists(f"/proc/{pid}")], "a process made ahead outlived close"
+    assert not any(spare._res.root.exists() for spare in spares)
+

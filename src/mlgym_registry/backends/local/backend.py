@@ -295,6 +295,19 @@ class LocalBackend:
         another (a multiprocessing pool's worker) while the point is open; close it once its children are made."""
         return forking.fork_point(self)
 
+    def prepare_forks(self, n: int, *, wait: bool = False) -> int:
+        """Make ``n`` children ahead, in the background (``spares.py``), so that the next ``fork(n)`` takes them
+        instead of building and starting them: what a fork after a fork does by itself (it keeps as many as it
+        made). ``wait``: return once they are made. How many are ready. Each holds a sandbox and a shell, idle,
+        until a fork takes it or this backend closes."""
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"prepare_forks(n): n must be a non-negative integer, got {n!r}")
+        forking.keep_spares(self, n)
+        spares = self._res.spares
+        if spares is None:
+            return 0
+        return spares.wait() if wait else spares.wait(0)
+
     def use_workspace(self, path: Path) -> None:
         """Make ``path`` the workspace as the driver reads and writes it (a forked env's copy-on-write view, or its
         plain folder again), for every part of the backend that walks or copies it."""
@@ -550,12 +563,14 @@ class LocalBackend:
     ) -> ShellSession:
         return self._confinement.new_session(cgroup, memory, max_output_bytes=4 * self.max_output_chars)
 
-    def _set_up(self, session: ShellSession) -> None:
-        """Make ``session`` the env's shell and run the set-up in it: tool variables, aliases, tools, commands."""
+    def _set_up(self, session: ShellSession, then: str = "") -> None:
+        """Make ``session`` the env's shell and run the set-up in it: tool variables, aliases, tools, commands (and
+        ``then``, in the same round trip: a fork's restored shell state)."""
         self._res.session = session
         self._res.count_limit_events()
         source_files = [c["name"] for c in self._added if c["type"] == "source_file"]
-        self._run_setup(self._confinement.setup_script(tools=self.tools is not None, source_files=source_files))
+        script = self._confinement.setup_script(tools=self.tools is not None, source_files=source_files)
+        self._run_setup(f"{script}\n{then}" if then else script)
 
     def _run_setup(self, script: str) -> None:
         if self._res.session is None or not self._res.session.alive:

@@ -13,14 +13,14 @@ namespaces for it, ``sandbox="none"``) each child gets a copy of the workspace i
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import copy
 import os
 import re
 import shutil
+import stat
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import EnvMisuseError
 from . import layers, procs
+from . import spares as spares_mod
 from .evaluation import force_rmtree
 
 if TYPE_CHECKING:
@@ -59,20 +60,17 @@ class ShellState:
 
     @classmethod
     def capture(cls, session: ShellSession, timeout: float) -> ShellState:
-        """Read ``session``'s state (in base64: nothing the agent's variables hold can change how it is read)."""
-        result = session.run(
-            "builtin printf '%s' \"$PWD\" | base64 -w0; builtin printf '\\n'; builtin export -p | base64 -w0",
-            timeout=timeout)
-        lines = result.output.strip().splitlines()
-        try:
-            if result.timed_out or result.shell_died or len(lines) != 2:
-                raise ValueError(result.output[:200])
-            cwd, exports = (base64.b64decode(line, validate=True).decode("utf-8", "surrogateescape")
-                            for line in lines)
-        except (ValueError, binascii.Error) as exc:
-            raise ForkRefused(f"the agent's shell state could not be read for the fork ({exc}); step the env once "
-                              "more (a plain command), then fork") from None
-        return cls(cwd, exports)
+        """Read ``session``'s state with builtins only (no process started), as raw bytes: NUL, which no value can
+        hold, ends the working directory and the variables; nothing the agent's variables hold can change how it is
+        read."""
+        result = session.run("builtin printf '%s\\0' \"$PWD\"; builtin export -p; builtin printf '\\0%s' end",
+                             timeout=timeout, raw=True)
+        cwd, first, rest = result.output.partition("\0")
+        exports, last, end = rest.rpartition("\0")
+        if result.timed_out or result.shell_died or not (first and last) or end != "end" or "\0" in exports:
+            raise ForkRefused(f"the agent's shell state could not be read for the fork ({result.output[:200]!r}); "
+                              "step the env once more (a plain command), then fork")
+        return cls(cwd, exports.removesuffix("\n"))
 
     def restore_script(self) -> str:
         """The commands that give a new shell this state (the variables, then the working directory, falling back
@@ -148,22 +146,32 @@ class ForkPoint:
         """One child in the point's state."""
         return self.make_many(1)[0]
 
-    def make_many(self, n: int, also_start: Sequence[LocalBackend] = ()) -> list[LocalBackend]:
+    def make_many(self, n: int, also_start: Sequence[LocalBackend] = (),
+                  spares: spares_mod.Spares | None = None) -> list[LocalBackend]:
         """``n`` children, their views mounted and shells started side by side (with ``also_start``'s shells: the
-        parent's, when it must start again)."""
+        parent's, when it must start again); those ``spares`` holds ready are taken first (made ahead: their holder
+        waits and their shell runs already), the others made now."""
         from .backend import LocalBackend
 
         children: list[LocalBackend] = []
         try:
             held = self._hold()
-            for _ in range(n):
+            ready = spares.take(n) if spares is not None and not self.copy_only else []
+            children.extend(ready)
+            for spare in ready:
+                _adopt(spare, self, held)
+            for _ in range(n - len(ready)):
                 child = LocalBackend(self.spec, **self.options)
                 children.append(child)
                 _adopt(child, self, held)
             for env in (*also_start, *children):  # the holders mounted their views meanwhile
                 if env._res.view is not None:
                     env._res.view.wait_ready()
-            _start_shells([*also_start, *children], self)
+            _start_shells([*also_start, *children[len(ready):]], self)
+            for spare in ready:
+                session = spare._res.session
+                assert session is not None
+                spare._set_up(session, then=ShellState(self.shell.cwd, self.shell.exports).restore_script())
         except BaseException:
             for child in children:
                 child.close()
@@ -225,9 +233,20 @@ def fork(parent: LocalBackend, n: int) -> list[LocalBackend]:
         raise ValueError(f"fork(n): n must be a positive integer, got {n!r}")
     point, restart = _make_point(parent)
     try:
-        return point.make_many(n, also_start=restart)
+        return point.make_many(n, also_start=restart, spares=parent._res.spares)
     finally:
         point.close()
+        if not point.copy_only:
+            keep_spares(parent, n)
+
+
+def keep_spares(parent: LocalBackend, n: int) -> None:
+    """Have ``n`` children of ``parent`` made ahead, in the background, for its next fork (``spares.py``)."""
+    if parent._finalizer.alive is False or not parent.sandboxed:
+        return
+    if parent._res.spares is None:
+        parent._res.spares = spares_mod.Spares(parent.spec, parent.options)
+    parent._res.spares.keep(n)
 
 
 def fork_point(parent: LocalBackend) -> ForkPoint:
@@ -264,6 +283,11 @@ def _make_point(parent: LocalBackend) -> tuple[ForkPoint, list[LocalBackend]]:
     why_not = layers.overlay_supported(str(res.root.parent)) if parent.sandboxed else "sandbox='none'"
     if why_not is None and _unchanged_since_last_fork(parent):
         return ForkPoint.of(parent, [layer.share() for layer in res.layers], shell, copy_only=False), []
+    if why_not is None and len(res.layers) < MAX_LAYERS:
+        copied = _freeze_a_copy(parent)
+        if copied is not None:  # the parent goes on as it is: its view, its shell and what the shell holds open
+            return ForkPoint.of(parent, [copied, *(layer.share() for layer in res.layers)], shell,
+                                copy_only=False), []
     res.stop_evaluation()
     res.stop_warm()
     res.stop_session()
@@ -296,6 +320,96 @@ def _unchanged_since_last_fork(parent: LocalBackend) -> bool:
         return os.stat(view.upper).st_mode == os.stat(parent._res.layers[0].tree).st_mode
     except OSError:
         return False
+
+
+COPY_LIMIT_BYTES = 8 << 20
+"""The most data the parent's writable files (all its files, before its first fork) may hold for a fork to freeze a
+copy of them (``_freeze_a_copy``) rather than the files themselves."""
+COPY_LIMIT_ENTRIES = 2000
+"""The most files and folders they may count for that."""
+
+
+def _freeze_a_copy(parent: LocalBackend) -> layers.Layer | None:
+    """A new layer holding a copy of what ``parent`` wrote since its last fork (its writable layer; its whole plain
+    workspace before its first fork), held for the point; None when that holds more than ``COPY_LIMIT_BYTES`` or
+    ``COPY_LIMIT_ENTRIES`` (or could not be copied): the caller freezes the files themselves instead.
+
+    The parent's own view, shell and open files are left as they are: a copy of a few files (reflinked where the
+    filesystem can) costs less than a new view and a new shell, and nothing the parent's processes hold open is in
+    the layer its children stand on. What a frozen copy holds of overlayfs's own marks (a removed file's whiteout,
+    an opaque folder's attribute) means the same one layer lower."""
+    res = parent._res
+    source = res.view.upper if res.view is not None else parent.host_workspace
+    with parent._disk.lock:
+        if not _small(source):
+            return None
+        staged = Path(tempfile.mkdtemp(prefix="copy-", dir=res.root))
+        try:
+            _copy_small_tree(source, staged)
+            return layers.Layer.freeze(staged, res.root.parent)
+        except OSError:
+            force_rmtree(staged)
+            return None
+
+
+def _copy_small_tree(source: Path, target: Path) -> None:
+    """``cp -a`` in this process, for the few files ``_small`` allows (a ``cp`` process costs more to start than
+    they take to copy): ``target`` (an empty folder) gets ``source``'s files, folders, links, fifos and overlayfs
+    whiteouts (0/0 character devices), with their modes, times and extended attributes (an opaque folder's mark),
+    and hard links between them kept. Anything else (a socket, a device) raises ``OSError``."""
+    seen: dict[tuple[int, int], str] = {}
+    for folder, names, files in os.walk(source):
+        into = os.path.join(target, os.path.relpath(folder, source))
+        for name in names:
+            if os.path.islink(os.path.join(folder, name)):
+                files.append(name)  # os.walk lists a link to a folder among the folders
+        names[:] = [name for name in names if not os.path.islink(os.path.join(folder, name))]
+        for name in names:
+            os.mkdir(os.path.join(into, name))
+        for name in files:
+            src, dst = os.path.join(folder, name), os.path.join(into, name)
+            info = os.lstat(src)
+            if info.st_nlink > 1 and (info.st_dev, info.st_ino) in seen:
+                os.link(seen[info.st_dev, info.st_ino], dst)
+                continue
+            if stat.S_ISLNK(info.st_mode):
+                os.symlink(os.readlink(src), dst)
+            elif stat.S_ISREG(info.st_mode):
+                shutil.copyfile(src, dst)
+            elif stat.S_ISFIFO(info.st_mode):
+                os.mkfifo(dst)
+            elif stat.S_ISCHR(info.st_mode) and info.st_rdev == 0:
+                os.mknod(dst, stat.S_IFCHR, 0)
+            else:
+                raise OSError(f"{src}: not a file this copy makes")
+            shutil.copystat(src, dst, follow_symlinks=False)
+            if info.st_nlink > 1:
+                seen[info.st_dev, info.st_ino] = dst
+    for folder, names, _files in os.walk(source, topdown=False):  # folders last: filling them changed their times
+        for name in [*names, ""]:
+            src, dst = os.path.join(folder, name), os.path.join(target, os.path.relpath(folder, source), name)
+            if not os.path.islink(src):
+                shutil.copystat(src, dst.rstrip("/") or dst, follow_symlinks=False)
+
+
+def _small(folder: Path) -> bool:
+    """Whether ``folder`` holds at most ``COPY_LIMIT_BYTES`` of data in at most ``COPY_LIMIT_ENTRIES`` entries
+    (stops reading as soon as it does not)."""
+    total, count, pending = 0, 0, [str(folder)]
+    try:
+        while pending:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    count += 1
+                    info = entry.stat(follow_symlinks=False)
+                    total += info.st_blocks * 512
+                    if count > COPY_LIMIT_ENTRIES or total > COPY_LIMIT_BYTES:
+                        return False
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
+    except OSError:
+        return False
+    return True
 
 
 def _freeze(parent: LocalBackend) -> list[layers.Layer]:
@@ -332,13 +446,19 @@ def _flatten(parent: LocalBackend) -> None:
 
 
 def _mount(backend: LocalBackend, held: list[layers.Layer]) -> None:
-    """Put ``backend`` on a copy-on-write view over ``held`` (topmost first), with a fresh writable layer."""
+    """Put ``backend`` on a copy-on-write view over ``held`` (topmost first), with a fresh writable layer (a spare's
+    holder, waiting, mounts it now: ``spares.py``)."""
     res = backend._res
     upper, work = res.root / "upper", res.root / "work"
-    upper.mkdir()
-    work.mkdir()
+    waiting = res.view is not None and res.view.waiting
+    if not waiting:
+        upper.mkdir()
+        work.mkdir()
     os.chmod(upper, os.stat(held[0].tree).st_mode & 0o7777)  # the workspace folder's own mode, as it was
-    res.view = layers.OverlayView([layer.tree for layer in held], upper, work, res.root / "workspace")
+    if waiting:
+        res.view.mount([layer.tree for layer in held])  # type: ignore[union-attr]
+    else:
+        res.view = layers.OverlayView([layer.tree for layer in held], upper, work, res.root / "workspace")
     backend._confinement.enter = res.view.enter()
     backend._confinement.shown_workspace = res.root / "workspace"
     backend._confinement.layer_folders = [str(layer.folder) for layer in held]
@@ -396,8 +516,7 @@ def _start_shells(envs: Sequence[LocalBackend], point: ForkPoint) -> None:
         cwd = point.shell.cwd
         if not point.sandboxed and Path(cwd).is_relative_to(point.task_workspace):
             cwd = str(env.task_workspace / Path(cwd).relative_to(point.task_workspace))
-        env._set_up(session)
-        env._run_setup(ShellState(cwd, point.shell.exports).restore_script())
+        env._set_up(session, then=ShellState(cwd, point.shell.exports).restore_script())
 
 
 def _moved(path: Path, old: Path, new: Path) -> Path:

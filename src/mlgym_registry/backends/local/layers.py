@@ -133,27 +133,72 @@ def sweep_layers(parent: Path) -> None:
                 _remove_if_unused(folder)
 
 
-class OverlayView:
-    """An overlay of ``lowers`` (topmost first) under ``upper``, mounted at ``mountpoint`` in a holder's namespaces."""
+HOLDER_SCRIPT = (
+    # "-": mount later. The mount point is first made a shared mount of its own, so that a sandbox started now in
+    # these namespaces (whose root bwrap makes a slave of them) sees the overlay mounted on it later
+    'if [ "$1" = - ]; then mount --bind "$2" "$2" && mount --make-shared "$2" || exit 1; echo waiting; '
+    'read -r options || exit 0; else options=$1; fi; '
+    'mount -t overlay overlay -o "nosuid,nodev,$options" "$2" || exit 1; echo ready; '
+    'while read -r _; do :; done'  # ends at EOF: the driver closed the pipe, or died
+)
 
-    def __init__(self, lowers: Sequence[Path], upper: Path, work: Path, mountpoint: Path):
-        self.lowers, self.upper, self.work, self.mountpoint = list(lowers), upper, work, mountpoint
-        for path in (*self.lowers, upper, work, mountpoint):
-            if UNSAFE_IN_OPTIONS & set(str(path)):
-                raise OverlayUnavailable(f"the path {str(path)!r} holds a character overlayfs options cannot carry")
+
+class OverlayView:
+    """An overlay of ``lowers`` (topmost first) under ``upper``, mounted at ``mountpoint`` in a holder's namespaces.
+
+    ``lowers=None`` starts the holder now and mounts later (``mount``): a child made ahead of a fork
+    (``spares.py``) has its namespaces, and a sandbox in them, before the layers it will stand on exist."""
+
+    def __init__(self, lowers: Sequence[Path] | None, upper: Path, work: Path, mountpoint: Path):
+        self.lowers, self.upper, self.work, self.mountpoint = list(lowers or []), upper, work, mountpoint
+        self._check_paths((upper, work, mountpoint))
         unshare = shutil.which("unshare")
         if unshare is None or shutil.which("nsenter") is None:
             raise OverlayUnavailable("util-linux's unshare and nsenter are needed for a copy-on-write fork")
-        options = (f"lowerdir={':'.join(str(p) for p in self.lowers)},upperdir={upper},workdir={work},userxattr")
-        script = ('mount -t overlay overlay -o "$1" "$2" || exit 1; echo ready; '
-                  'while read -r _; do :; done')  # ends at EOF: the driver closed the pipe, or died
         self.holder = subprocess.Popen(
             [unshare, "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
-             "/bin/sh", "-c", script, "holder", options, str(mountpoint)],
+             "/bin/sh", "-c", HOLDER_SCRIPT, "holder", "-" if lowers is None else self._options(), str(mountpoint)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             close_fds=True,
         )
         self.ready = False
+        self.waiting = lowers is None
+        """True while the holder waits for ``mount``'s layers."""
+
+    def _options(self) -> str:
+        self._check_paths(self.lowers)
+        return (f"lowerdir={':'.join(str(p) for p in self.lowers)},upperdir={self.upper},workdir={self.work},"
+                "userxattr")
+
+    @staticmethod
+    def _check_paths(paths: Sequence[Path]) -> None:
+        for path in paths:
+            if UNSAFE_IN_OPTIONS & set(str(path)):
+                raise OverlayUnavailable(f"the path {str(path)!r} holds a character overlayfs options cannot carry")
+
+    def wait_waiting(self) -> None:
+        """Wait until a holder started with ``lowers=None`` is in its namespaces, its mount point shared, so that a
+        sandbox may start in them; ``OverlayUnavailable`` when it could not."""
+        line = self.holder.stdout.readline()  # type: ignore[union-attr]
+        if line.strip() != b"waiting":
+            self._fail()
+
+    def mount(self, lowers: Sequence[Path]) -> None:
+        """Mount the overlay of ``lowers`` (topmost first) that the holder waits for (``wait_ready`` waits until it
+        is mounted)."""
+        if not self.waiting:
+            raise RuntimeError("this OverlayView was mounted already")
+        self.lowers, self.waiting = list(lowers), False
+        try:
+            self.holder.stdin.write(self._options().encode() + b"\n")  # type: ignore[union-attr]
+            self.holder.stdin.flush()  # type: ignore[union-attr]
+        except OSError:
+            self._fail()
+
+    def _fail(self) -> None:
+        why = self.holder.stderr.read().decode(errors="replace").strip()  # type: ignore[union-attr]
+        self.stop()
+        raise OverlayUnavailable(f"overlayfs could not be mounted in a user namespace here: {why or 'no reason'}")
 
     def wait_ready(self) -> None:
         """Wait until the holder has mounted the view (started in ``__init__``, so that several mount at once);
@@ -162,9 +207,7 @@ class OverlayView:
             return
         line = self.holder.stdout.readline()  # type: ignore[union-attr]
         if line.strip() != b"ready":
-            why = self.holder.stderr.read().decode(errors="replace").strip()  # type: ignore[union-attr]
-            self.stop()
-            raise OverlayUnavailable(f"overlayfs could not be mounted in a user namespace here: {why or 'no reason'}")
+            self._fail()
         self.ready = True
 
     @property

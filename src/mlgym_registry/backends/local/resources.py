@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import cgroups, layers, quota
 from . import limits as limits_mod
@@ -85,6 +86,8 @@ class Resources:
         """A forked env's copy-on-write workspace (``forking.py``), None for a plain one."""
         self.layers: list[layers.Layer] = []
         """The frozen layers ``view`` stands on (topmost first), held while this env lives."""
+        self.spares: Any = None
+        """The children made ahead for this env's next fork (``spares.Spares``), None before its first."""
 
     # -- cgroups ---------------------------------------------------------------------------------------------------
     def make_cgroups(self, limits: limits_mod.Limits, notes: list[str]) -> int | None:
@@ -264,8 +267,8 @@ class Resources:
         fails is warned about and the others are still released."""
         if os.getpid() != self.owner:
             return  # a forked child inherited this finalizer: the resources belong to the parent
-        for part in (self.stop_session, self.stop_warm, self.stop_evaluation, self.stop_view, self._remove_cgroups,
-                     self._remove_root):
+        for part in (self.stop_spares, self.stop_session, self.stop_warm, self.stop_evaluation, self.stop_view,
+                     self._remove_cgroups, self._remove_root):
             try:
                 part()
             except Exception as exc:  # noqa: BLE001 - reported, and the rest is released anyway
@@ -274,6 +277,12 @@ class Resources:
         if self.owner_lock is not None:
             os.close(self.owner_lock)
             self.owner_lock = None
+
+    def stop_spares(self) -> None:
+        """Close the children made ahead for a fork (``spares.py``)."""
+        spares, self.spares = self.spares, None
+        if spares is not None:
+            spares.close()
 
     def stop_view(self) -> None:
         """Unmount a forked env's copy-on-write view and let go of its frozen layers (the last user removes one)."""

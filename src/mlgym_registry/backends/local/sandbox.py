@@ -173,8 +173,10 @@ def command(argv: Sequence[str], spec: SandboxSpec) -> list[str]:
             "--seccomp", str(kernel_counts.SECCOMP_FD)]
     if spec.network:
         args.append("--share-net")
-    if threading.current_thread() is threading.main_thread():
-        # only for the main thread: the kernel fires it when the forking *thread* ends, not the process
+    thread = threading.current_thread()
+    if thread is threading.main_thread() or getattr(thread, "lives_with_process", False):
+        # only for the main thread (or one that lives as long, ``spares._Builder``): the kernel fires it when the
+        # forking *thread* ends, not the process
         args.append("--die-with-parent")
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
@@ -222,6 +224,11 @@ def command(argv: Sequence[str], spec: SandboxSpec) -> list[str]:
 
 def _under(path: str, roots: Iterable[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def under(path: str, roots: Iterable[str]) -> bool:
+    """Whether ``path`` is one of ``roots`` or inside one."""
+    return _under(path, roots)
 
 
 def outermost(paths: Iterable[str]) -> list[str]:

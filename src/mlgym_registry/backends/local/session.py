@@ -149,8 +149,12 @@ class ShellSession:
         timeout: float,
         no_output_timeout: float | None = None,
         after: str = "",
+        *,
+        raw: bool = False,
     ) -> Result:
-        """Run ``command`` in the shell and return its normalised output. ``after`` runs after it, before the marker."""
+        """Run ``command`` in the shell and return its normalised output. ``after`` runs after it, before the marker.
+        ``raw``: the output as the command wrote it (decoded with ``surrogateescape``, not normalised; empty when it
+        did not fit in ``max_output_bytes``), for the driver's own commands."""
         self._new_token()
         script = (
             # the assignment keeps the group valid when the command is only comments (bash would exit on the syntax
@@ -159,9 +163,9 @@ class ShellSession:
             + f"printf '\\n%s%s:DONE///\\n' {shlex.quote(self._start.decode())} \"$__mlgr_rc\"\n"
         )
         pending = script.encode("utf-8", errors="surrogateescape")
-        return self._read(pending, timeout, no_output_timeout if no_output_timeout is not None else timeout)
+        return self._read(pending, timeout, no_output_timeout if no_output_timeout is not None else timeout, raw)
 
-    def _read(self, pending: bytes, timeout: float, no_output_timeout: float) -> Result:
+    def _read(self, pending: bytes, timeout: float, no_output_timeout: float, raw: bool = False) -> Result:
         """Feed ``pending`` to the shell and collect its output until the marker.
 
         Writing and reading are interleaved so that a long command whose first part prints a lot cannot deadlock
@@ -197,7 +201,7 @@ class ShellSession:
             recent = (recent + data)[-512:]
             match = self._marker(recent)
             if match:
-                return Result(self._text(buffer), _to_int(match.group(1)))
+                return Result(self._text(buffer, raw), _to_int(match.group(1)))
 
     def _read_available(self) -> bytes | None:
         try:
@@ -287,14 +291,16 @@ class ShellSession:
             dropped += len(data)
         return dropped
 
-    def _text(self, buffer: CappedBuffer) -> str:
-        raw = buffer.contents()
-        cut = raw.rfind(b"\n" + self._start)
+    def _text(self, buffer: CappedBuffer, raw: bool = False) -> str:
+        data = buffer.contents()
+        cut = data.rfind(b"\n" + self._start)
         if cut < 0:
-            cut = raw.rfind(self._start)
+            cut = data.rfind(self._start)
         if cut >= 0:
-            raw = raw[:cut]
-        return normalise(raw)
+            data = data[:cut]
+        if raw:
+            return "" if buffer.dropped else data.decode("utf-8", "surrogateescape")
+        return normalise(data)
 
     def _exit_status(self) -> int | None:
         try:
