@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from security.helpers import HONEST, mini_prisoners_spec
+from tensordict.nn import TensorDictModuleBase
 
 from mlgym_registry import registry
 from mlgym_registry.errors import EnvMisuseError
@@ -139,3 +140,68 @@ def test_a_fork_point_makes_the_children_of_a_multiprocessing_async_env_pool(epi
             assert out["next", "history", "prompt"][i][0, -1].content.startswith("carried\nyes\n")
     finally:
         pool.close()
+
+
+class CatNote(TensorDictModuleBase):
+    """A scripted policy: every turn shows the carried file and variable."""
+
+    in_keys = ["query"]
+    out_keys = [("text", "response")]
+
+    def forward(self, tensordict):
+        tensordict["text", "response"] = fenced("cat note.txt; echo $CARRIED")
+        return tensordict
+
+
+@pytest.mark.parametrize("backend", ["threading", pytest.param("multiprocessing", marks=pytest.mark.slow)])
+def test_children_made_to_resume_are_driven_by_llm_collector_from_the_branch(spec, backend):
+    """``fork_point(resume_on_reset=True)``: a pool's resets return the branch in each child until it is stepped,
+    so TorchRL's standard loop (LLMCollector over ``AsyncEnvPool([point] * 2)``, which resets twice) continues the
+    branch; the resets after the branch's episodes end start new ones."""
+    from torchrl.collectors.llm import LLMCollector
+    from torchrl.envs import AsyncEnvPool
+
+    parent = registry.make(spec, max_turns=2)
+    try:
+        td = parent.reset()
+        fresh = td["history", "prompt"].batch_size[-1]
+        _, td = respond(parent, td, fenced("echo carried > note.txt && export CARRIED=yes"))
+        branch = td["history", "prompt"].batch_size[-1]
+        point = parent.fork_point(resume_on_reset=True)
+    finally:
+        parent.close()  # the point holds the frozen files
+    try:
+        pool = AsyncEnvPool([point] * 2, backend=backend)
+    finally:
+        point.close()
+    collector = LLMCollector(pool, policy=CatNote(), dialog_turns_per_batch=1, total_dialog_turns=-1,
+                             yield_completed_trajectories=True)
+    try:
+        episodes = []
+        for episode in collector:
+            episodes.append(episode)
+            if len(episodes) == 4:
+                break
+        resumed, new = episodes[:2], episodes[2:]
+        for episode in resumed:  # one turn left of max_turns=2, from the branch's conversation
+            assert episode.batch_size[0] == 1 and episode["history", "prompt"][0].batch_size[-1] == branch
+            assert episode["next", "history", "prompt"][0][-1].content.startswith("carried\nyes")
+        for episode in new:  # a new episode each: the task's prompt, two turns
+            assert episode.batch_size[0] == 2 and episode["history", "prompt"][0].batch_size[-1] == fresh
+            assert "No such file" in episode["next", "history", "prompt"][0][-1].content
+    finally:
+        collector.shutdown()
+    assert pool.is_closed
+
+
+def test_resume_on_reset_needs_an_episode_that_goes_on(spec):
+    env = registry.make(spec, max_turns=1)
+    try:
+        with pytest.raises(EnvMisuseError, match="reset"):
+            env.fork_point(resume_on_reset=True)
+        td = env.reset()
+        respond(env, td, fenced("ls"))  # the one turn: the episode is over
+        with pytest.raises(EnvMisuseError, match="ended its episode"):
+            env.fork(1, resume_on_reset=True)
+    finally:
+        env.close()

@@ -46,6 +46,10 @@ def _messages_of(history: History | None) -> list[TensorDict] | None:
 class ChatBatch(ChainTransform):
     """Gives the chain's outputs ``batch_size`` (one element) and its step inputs back the chain's own shape."""
 
+    fork_caches = ("_batched_last",)
+    """What a fork's child starts empty rather than copied (``transforms/forking.py``): a cache of the last batched
+    conversation, rebuilt from the tensordict the child is stepped with."""
+
     def __init__(self, layout: Layout, batch_size: Any = (1,)):
         """``batch_size``: a shape of one element, at least one dim (``transforms.chain`` checks the option)."""
         super().__init__(layout)

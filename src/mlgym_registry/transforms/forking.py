@@ -8,25 +8,52 @@ caller holds, not in the env: the caller steps each child from a clone of it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 import warnings
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..env_hooks import env_built, factory_pickled
 from ..errors import EnvMisuseError
 from .backend_env import BackendEnv, _close_quietly
+from .chain_env import LAST_OUTPUT, RESUME_AT
 
-DRIVER_STATE = ("_output_adapter", "_call_depth", "_pool_token")
-"""What the code driving an env keeps on it (``ChainEnv.hand_outputs_to``, a pool's name for its outputs): a child
-starts without the parent's."""
+DRIVER_STATE = ("_output_adapter", "_call_depth", "_pool_token", LAST_OUTPUT, RESUME_AT)
+"""What the code driving an env keeps on it (``ChainEnv.hand_outputs_to``, a pool's name for its outputs, its last
+output): a child starts without the parent's (a child made to resume gets the branch of its own)."""
 
 
-def fork_env(env: Any, n: int) -> list[Any]:
+def branch_of(env: Any) -> Any:
+    """The tensordict a child made with ``resume_on_reset`` resumes at: ``env``'s last output, refused when there is
+    none or its episode is over."""
+    branch = env.last_output()
+    if branch is None:
+        raise EnvMisuseError("resume_on_reset resumes at the env's last output: reset() and step() it first")
+    done = branch.get("done", None)
+    if done is not None and bool(done.any()):
+        raise EnvMisuseError("resume_on_reset: the env's last step ended its episode (done), so there is nothing to "
+                             "resume; fork at a step before the end, or fork without resume_on_reset")
+    return branch.clone()
+
+
+@contextlib.contextmanager
+def _without_driver_state(env: Any) -> Iterator[None]:
+    """``env`` without what its driver keeps on it while it is copied (nothing of it is copied)."""
+    kept = {key: env.__dict__.pop(key) for key in DRIVER_STATE if key in env.__dict__}
+    try:
+        yield
+    finally:
+        env.__dict__.update(kept)
+
+
+def fork_env(env: Any, n: int, *, resume_on_reset: bool = False) -> list[Any]:
     """``n`` copies of the chain env ``env`` (a ``TransformedEnv`` over a ``BackendEnv``), each over its own fork of
-    the backend; closing any of them, the parent included, leaves the others running."""
+    the backend; closing any of them, the parent included, leaves the others running. ``resume_on_reset``: each
+    child's resets return a copy of ``env``'s last output until it is stepped (``ChainEnv.fork``)."""
     base = env.base_env
     if not isinstance(base, BackendEnv):
         raise TypeError(f"fork() needs a chain over a BackendEnv, not over {type(base).__name__}")
@@ -37,10 +64,14 @@ def fork_env(env: Any, n: int) -> list[Any]:
     if fork is None:
         raise NotImplementedError(
             f"the {type(backend).__name__} backend cannot fork; the local backend can (backend='local')")
+    branch = branch_of(env) if resume_on_reset else None
     children = []
     try:
         for child_backend in fork(n):
-            children.append(_copy_over(env, base, backend, child_backend))
+            child = _copy_over(env, base, backend, child_backend)
+            children.append(child)
+            if branch is not None:
+                child.__dict__[RESUME_AT] = branch.clone()
     except BaseException:
         for child in children:
             child.close(raise_if_closed=False)
@@ -48,21 +79,45 @@ def fork_env(env: Any, n: int) -> list[Any]:
     return children
 
 
+def _fresh_caches(env: Any) -> dict[int, Any]:
+    """A ``deepcopy`` memo that leaves the caches out: each transform's TorchRL ``_parent`` (an env rebuilt on demand
+    from its container: a copy of one costs more than the rest of the chain), and what a transform names in
+    ``fork_caches`` (started empty). ``_relink`` then points the copy's transforms at the copy."""
+    memo: dict[int, Any] = {}
+    compose = getattr(env, "transform", None)
+    for transform in (compose, *(compose or ())):
+        cached = transform.__dict__.get("_parent") if transform is not None else None
+        if cached is not None:
+            memo[id(cached)] = None
+        for name in getattr(transform, "fork_caches", ()):
+            cache = getattr(transform, name)
+            memo[id(cache)] = type(cache)()
+    return memo
+
+
+def _relink(copied: Any) -> None:
+    """Make ``copied``'s transforms (deep-copied: their containers are still the original's weak references) know
+    their own chain, as TorchRL's ``TransformedEnv`` does when it is built."""
+    compose = copied.transform
+    compose.reset_parent()
+    compose.set_container(copied)
+
+
 def _copy_over(env: Any, base: BackendEnv, backend: Any, child_backend: Any) -> Any:
     """A copy of ``env`` whose ``BackendEnv`` holds ``child_backend`` and closes it with itself."""
     holder = [child_backend]
-    memo: dict[int, Any] = {id(backend): child_backend, id(base._backend_holder): holder, id(base._finalizer): None}
+    memo: dict[int, Any] = {id(backend): child_backend, id(base._backend_holder): holder, id(base._finalizer): None,
+                            **_fresh_caches(env)}
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _without_driver_state(env):  # the parent's driver is not the child's
             warnings.simplefilter("ignore")  # tensordict's notes about deep-copying a stacked conversation
             child = copy.deepcopy(env, memo)
     except BaseException:
         child_backend.close()
         raise
+    _relink(child)
     child_base = child.base_env
     child_base._finalizer = weakref.finalize(child_base, _close_quietly, child_base._backend_holder)
-    for key in DRIVER_STATE:  # the parent's driver (a pool holding it) is not the child's
-        child.__dict__.pop(key, None)
     env_built(child)  # a new env, as one the chain builds: the layers above attach to it (a pool being set up)
     return child
 
@@ -97,8 +152,9 @@ class ChainForkPoint:
         self.backend.close()
 
 
-def fork_point(env: Any) -> ChainForkPoint:
-    """``env``'s state as a ``ChainForkPoint`` (``ChainEnv.fork_point``)."""
+def fork_point(env: Any, *, resume_on_reset: bool = False) -> ChainForkPoint:
+    """``env``'s state as a ``ChainForkPoint`` (``ChainEnv.fork_point``); ``resume_on_reset``: each child's
+    resets return a copy of ``env``'s last output until it is stepped."""
     base = env.base_env
     if not isinstance(base, BackendEnv):
         raise TypeError(f"fork_point() needs a chain over a BackendEnv, not over {type(base).__name__}")
@@ -108,11 +164,14 @@ def fork_point(env: Any) -> ChainForkPoint:
     if getattr(backend, "fork_point", None) is None:
         raise NotImplementedError(
             f"the {type(backend).__name__} backend cannot fork; the local backend can (backend='local')")
-    memo: dict[int, Any] = {id(backend): None, id(base._backend_holder): [], id(base._finalizer): None}
-    with warnings.catch_warnings():
+    branch = branch_of(env) if resume_on_reset else None
+    memo: dict[int, Any] = {id(backend): None, id(base._backend_holder): [], id(base._finalizer): None,
+                            **_fresh_caches(env)}
+    with warnings.catch_warnings(), _without_driver_state(env):
         warnings.simplefilter("ignore")  # tensordict's notes about deep-copying a stacked conversation
         bare = copy.deepcopy(env, memo)
-    for key in DRIVER_STATE:
-        bare.__dict__.pop(key, None)
+    _relink(bare)
+    if branch is not None:
+        bare.__dict__[RESUME_AT] = branch  # each child unpickles a copy of its own
     chain = pickle.dumps(bare)
     return ChainForkPoint(backend.fork_point(), chain)
