@@ -8,6 +8,9 @@
 
 Before each fork the parent runs a command that writes a file, as an agent's turn would: a parent that wrote
 nothing since its last fork has nothing new to freeze, and forks cheaper still (``_unchanged_since_last_fork``).
+A fork after a fork takes the children made ahead (``backends/local/spares.py``, as a reset takes the shell its last
+reset started): the bench waits until they are made before each timed operation, so that no background work
+overlaps what is timed. ``first fork(1)`` is a fork with none made ahead (an env's first fork), timed too.
 Published figures of other sandboxes, for scale (other machines and other mechanisms: the ratios above are the
 figures measured here): DeltaBox checkpoint 10.8 ms and rollback 1.9 ms, AgentENV resume < 50 ms (KVM), smolvm fork
 ~100-150 ms.
@@ -46,9 +49,22 @@ def parent(spec, mb: int) -> LocalBackend:
     return env
 
 
-def timed_fork(env: LocalBackend, n: int, turn: int) -> float:
-    """ms of ``env.fork(n)`` after a turn that wrote a file; the children are closed outside the timing."""
+def settle(*envs: LocalBackend) -> None:
+    """Wait until the children ``envs`` are making ahead are made (nothing runs in the background then)."""
+    for env in envs:
+        if env._res.spares is not None:
+            env._res.spares.wait()
+
+
+def timed_fork(env: LocalBackend, n: int, turn: int, *, ahead: bool = True, others: tuple = ()) -> float:
+    """ms of ``env.fork(n)`` after a turn that wrote a file; the children are closed outside the timing. ``ahead``:
+    with ``n`` children made ahead (a fork after a fork of ``n``), else with none (an env's first fork)."""
     env.communicate(f"echo {turn} > turn.txt")
+    if ahead:
+        env.prepare_forks(n)
+    elif env._res.spares is not None:
+        env._res.stop_spares()
+    settle(env, *others)
     start = time.perf_counter()
     children = env.fork(n)
     elapsed = (time.perf_counter() - start) * 1e3
@@ -57,7 +73,8 @@ def timed_fork(env: LocalBackend, n: int, turn: int) -> float:
     return elapsed
 
 
-def timed_reset(env: LocalBackend) -> float:
+def timed_reset(env: LocalBackend, others: tuple = ()) -> float:
+    settle(*others)
     start = time.perf_counter()
     env.reset()
     return (time.perf_counter() - start) * 1e3
@@ -73,9 +90,11 @@ def chain_ms(repeats: int) -> tuple[float, float]:
             td["text", "response"] = f"Writing a file.\n```\necho {turn} > turn.txt\n```\n"
             env.step(td)
             start = time.perf_counter()
+            settle(env.base_env.backend)
             (child,) = env.fork(1)
             forks.append((time.perf_counter() - start) * 1e3)
             child.close()
+            settle(env.base_env.backend)
             start = time.perf_counter()
             env.reset()
             resets.append((time.perf_counter() - start) * 1e3)
@@ -100,14 +119,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     started = time.perf_counter()
     spec = registry.spec("prisonersDilemma").replace(max_steps=10**6)
     small, big, plain = parent(spec, 0), parent(spec, args.mb), parent(spec, 0)
-    times: dict[str, list[float]] = {"empty": [], "big": [], "reset": [], "many": []}
+    times: dict[str, list[float]] = {"empty": [], "big": [], "reset": [], "many": [], "first": []}
+    everyone = (small, big, plain)
     try:
         for turn in range(args.repeats):  # in turn, so that a burst of load hits each alike
-            times["empty"].append(timed_fork(small, 1, turn))
-            times["reset"].append(timed_reset(plain))
-            times["big"].append(timed_fork(big, 1, turn))
-            times["reset"].append(timed_reset(plain))
-            times["many"].append(timed_fork(small, args.children, turn) / args.children)
+            times["empty"].append(timed_fork(small, 1, turn, others=everyone))
+            times["reset"].append(timed_reset(plain, everyone))
+            times["big"].append(timed_fork(big, 1, turn, others=everyone))
+            times["reset"].append(timed_reset(plain, everyone))
+            times["many"].append(timed_fork(small, args.children, turn, others=everyone) / args.children)
+            times["first"].append(timed_fork(big, 1, turn, ahead=False, others=everyone))
     finally:
         for env in (small, big, plain):
             env.close()
@@ -118,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "fork_vs_reset": median["empty"] / median["reset"],
         "fork_per_child_vs_reset": median["many"] / median["reset"],
         "chain_fork_vs_reset": chain_fork / chain_reset,
+        "first_fork_vs_reset": median["first"] / median["reset"],
     }
     print(f"fork(1), workspace of the task's files: {median['empty']:.1f} ms; with {args.mb} MB more: "
           f"{median['big']:.1f} ms; fork({args.children}): {median['many']:.1f} ms per child; "
@@ -127,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"ratio fork(1) / reset: {ratios['fork_vs_reset']:.2f} ({verdict('fork_vs_reset', ratios['fork_vs_reset'])})")
     print(f"ratio fork({args.children}) per child / reset: {ratios['fork_per_child_vs_reset']:.2f} "
           f"({verdict('fork_per_child_vs_reset', ratios['fork_per_child_vs_reset'])})")
+    print(f"first fork(1) (no child made ahead): {median['first']:.1f} ms: ratio to reset "
+          f"{ratios['first_fork_vs_reset']:.2f}")
     print(f"chain: ChainEnv.fork(1) {chain_fork:.1f} ms, ChainEnv.reset() {chain_reset:.1f} ms: ratio "
           f"{ratios['chain_fork_vs_reset']:.2f}")
     for name, ms in PUBLISHED:

@@ -13,7 +13,8 @@ from conftest import load_bench_script
 def test_fork_bench_quick_prints_fork_against_reset_and_the_published_figures(capsys):
     ratios = load_bench_script("bench_fork.py").main(["--quick"])
     out = capsys.readouterr().out
-    assert set(ratios) == {"fork_200mb_vs_empty", "fork_vs_reset", "fork_per_child_vs_reset", "chain_fork_vs_reset"}
+    assert set(ratios) == {"fork_200mb_vs_empty", "fork_vs_reset", "fork_per_child_vs_reset", "chain_fork_vs_reset",
+                           "first_fork_vs_reset"}
     assert all(math.isfinite(value) and value > 0 for value in ratios.values())
     assert re.search(r"ratio fork 20 MB / fork empty: [\d.]+ \(target <= 1\.2: (met|NOT met)\)", out)
     assert re.search(r"ratio fork\(1\) / reset: [\d.]+ \(target <= 1\.0: (met|NOT met)\)", out)
