@@ -150,6 +150,22 @@ def test_a_data_folder_wins_over_the_checkout_so_users_can_bring_real_labels(che
     assert run_evaluator(spec, seed=0, backend_options={"data_dir": str(tmp_path / "mine")}) == {"Error": 0.0}
 
 
+def test_a_data_folder_holding_other_data_at_the_same_path_is_not_taken_for_a_shipped_dataset(tmp_path):
+    from mlgym_registry.preparation.datasets import find_local_dataset
+    from mlgym_registry.specs import TaskSpec
+
+    own = tmp_path / "task" / "data"
+    own.mkdir(parents=True)
+    (own / "answer.csv").write_text("id,label\n1,0\n")
+    dataset = {"name": "labels", "data_path": "data", "is_local": True}
+    spec = TaskSpec(id="ships", task_entrypoint="CSVSubmissionTasks", root=str(tmp_path / "task"), datasets=[dataset])
+    suite = tmp_path / "suite-data"
+    (suite / "data" / "otherTask" / "data").mkdir(parents=True)  # what prepare leaves for MLGym's tasks
+    assert find_local_dataset(spec, dataset, str(suite)) == own
+    (suite / "data" / "answer.csv").write_text("id,label\n1,1\n")  # a complete copy of the dataset wins
+    assert find_local_dataset(spec, dataset, str(suite)) == suite / "data"
+
+
 def test_a_stated_cause_makes_a_baseline_difference_known_not_a_problem(checkout):
     import sys
 

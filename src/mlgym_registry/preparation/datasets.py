@@ -13,11 +13,13 @@ better kept apart), so every local dataset is looked for, in order, in:
 In a data folder, a dataset sits at the same relative path as in the task's root (for example
 ``<data folder>/data/titanic/data`` for MLGym's Titanic task), so a folder can hold the data of a whole suite and a
 user can replace one file of a dataset (real labels, say) by putting a complete copy of the dataset there. A task
-whose ``extra`` names ``data_files`` counts a place as its dataset only when it holds them.
+whose ``extra`` names ``data_files`` counts a place as its dataset only when it holds them; one that ships its dataset
+counts a data folder's copy only when it holds every name of its own copy.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 from collections.abc import Callable
@@ -87,7 +89,7 @@ def find_local_dataset(spec: TaskSpec, dataset: dict[str, Any], data_dir: str | 
     from .virtualenvs import prepare_command
 
     places = dataset_candidates(spec, dataset, data_dir)
-    files = required_files(spec)
+    files = required_files(spec) or shipped_files(spec, dataset)
     for place in places:
         if place.exists() and not missing_files(place, files):
             return place
@@ -109,6 +111,19 @@ def required_files(spec: TaskSpec) -> list[str]:
     """The glob patterns (``data_files``) a folder of the task's local dataset must match to count as found."""
     value = spec.extra.get(DATA_FILES_KEY) or []
     return [str(item) for item in ([value] if isinstance(value, str) else value) if str(item).strip()]
+
+
+MAX_SHIPPED = 64
+
+
+def shipped_files(spec: TaskSpec, dataset: dict[str, Any]) -> list[str]:
+    """The names at the top of the task's own copy of a local dataset, when the task ships one (as glob patterns that
+    match only themselves): a data folder's copy counts as the dataset only when it holds them all, a complete copy,
+    so that a data folder holding other tasks' data at the same relative path (``data``) is never taken for it."""
+    own = spec.resolve_path(str(dataset["data_path"]))
+    if not own.is_dir():
+        return []
+    return sorted(glob.escape(entry.name) for entry in own.iterdir())[:MAX_SHIPPED]
 
 
 def missing_files(place: Path, files: list[str]) -> list[str]:
