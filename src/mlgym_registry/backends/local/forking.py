@@ -113,18 +113,28 @@ class ForkPoint:
     folder: str
     """The point's own folder (its pristine copies and commands), inside its topmost layer's."""
     held: list[layers.Layer] = field(default_factory=list, repr=False, compare=False)
+    sources: dict[str, str] | None = None
+    """A point used in place (``fork``), while its parent stands: the parent's own folders of pristine copies and
+    commands, which the children link from (nothing is linked into the point's folder); None for a point that may
+    outlive its parent (``fork_point``)."""
 
     @classmethod
-    def of(cls, parent: LocalBackend, held: list[layers.Layer], shell: ShellState, *, copy_only: bool) -> ForkPoint:
-        """The point of ``parent`` over the layers ``held`` (held for the point)."""
-        folder = Path(held[0].folder) / "points" / uuid.uuid4().hex if held else parent._res.root / "point"
-        folder.mkdir(parents=True, exist_ok=not held)
+    def of(cls, parent: LocalBackend, held: list[layers.Layer], shell: ShellState, *, copy_only: bool,
+           in_place: bool = False) -> ForkPoint:
+        """The point of ``parent`` over the layers ``held`` (held for the point); ``in_place``: used at once, while
+        ``parent`` stands (``sources``)."""
         source = parent._files
-        pristine, commands = folder / "pristine", folder / "commands"
-        for target, origin in ((pristine, source.pristine_dir), (commands, parent._commands)):
-            target.mkdir(exist_ok=True)
-            if held:
-                _link_tree(origin, target)
+        if in_place:
+            folder = Path()
+            pristine = source.pristine_dir
+        else:
+            folder = Path(held[0].folder) / "points" / uuid.uuid4().hex if held else parent._res.root / "point"
+            folder.mkdir(parents=True, exist_ok=not held)
+            pristine, commands = folder / "pristine", folder / "commands"
+            for target, origin in ((pristine, source.pristine_dir), (commands, parent._commands)):
+                target.mkdir(exist_ok=True)
+                if held:
+                    _link_tree(origin, target)
         return cls(
             spec=parent.spec, options=dict(parent.options), layer_folders=[str(layer.folder) for layer in held],
             copy_only=copy_only,
@@ -140,6 +150,7 @@ class ForkPoint:
                    "mode": source.mode},
             task_bytes=dict(parent._disk.task_bytes), shell=shell, sandboxed=parent.sandboxed,
             task_workspace=str(parent.task_workspace), folder=str(folder), held=held,
+            sources={"pristine": str(source.pristine_dir), "commands": str(parent._commands)} if in_place else None,
         )
 
     def make(self) -> LocalBackend:
@@ -231,7 +242,7 @@ def fork(parent: LocalBackend, n: int) -> list[LocalBackend]:
     """``n`` backends in ``parent``'s state (module docstring); the parent goes on in its own, unchanged to it."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"fork(n): n must be a positive integer, got {n!r}")
-    point, restart = _make_point(parent)
+    point, restart = _make_point(parent, in_place=True)
     try:
         return point.make_many(n, also_start=restart, spares=parent._res.spares)
     finally:
@@ -262,9 +273,10 @@ def fork_point(parent: LocalBackend) -> ForkPoint:
     return point
 
 
-def _make_point(parent: LocalBackend) -> tuple[ForkPoint, list[LocalBackend]]:
+def _make_point(parent: LocalBackend, *, in_place: bool = False) -> tuple[ForkPoint, list[LocalBackend]]:
     """Freeze ``parent``'s state into a ``ForkPoint``; the envs whose shells must start again (the parent's, unless
-    it wrote nothing since its last fork), left stopped for the caller to start beside the children's."""
+    it wrote nothing since its last fork), left stopped for the caller to start beside the children's; ``in_place``: a
+    point used at once, while the parent stands (``ForkPoint.sources``)."""
     if parent._finalizer.alive is False:
         raise ForkRefused("this LocalBackend was closed; fork an open one")
     if parent.task is None:
@@ -282,12 +294,13 @@ def _make_point(parent: LocalBackend) -> tuple[ForkPoint, list[LocalBackend]]:
         shell = ShellState.capture(session, parent.command_timeout)
     why_not = layers.overlay_supported(str(res.root.parent)) if parent.sandboxed else "sandbox='none'"
     if why_not is None and _unchanged_since_last_fork(parent):
-        return ForkPoint.of(parent, [layer.share() for layer in res.layers], shell, copy_only=False), []
+        return ForkPoint.of(parent, [layer.share() for layer in res.layers], shell, copy_only=False,
+                            in_place=in_place), []
     if why_not is None and len(res.layers) < MAX_LAYERS:
         copied = _freeze_a_copy(parent)
         if copied is not None:  # the parent goes on as it is: its view, its shell and what the shell holds open
             return ForkPoint.of(parent, [copied, *(layer.share() for layer in res.layers)], shell,
-                                copy_only=False), []
+                                copy_only=False, in_place=in_place), []
     res.stop_evaluation()
     res.stop_warm()
     res.stop_session()
@@ -301,7 +314,7 @@ def _make_point(parent: LocalBackend) -> tuple[ForkPoint, list[LocalBackend]]:
                 snapshot.mkdir()
                 _copy_tree(parent.host_workspace, snapshot)
                 held = [layers.Layer.freeze(snapshot, res.root.parent)]
-        return ForkPoint.of(parent, held, shell, copy_only=why_not is not None), restart
+        return ForkPoint.of(parent, held, shell, copy_only=why_not is not None, in_place=in_place), restart
     except BaseException:
         _start_shells(restart, ForkPoint.of(parent, [], shell, copy_only=True))
         raise
@@ -484,13 +497,15 @@ def _adopt(child: LocalBackend, point: ForkPoint, held: list[layers.Layer]) -> N
     for name, value in point.state.items():
         setattr(child, name, copy.deepcopy(value))
     files, folder = child._files, Path(point.folder)
-    _link_tree(folder / "pristine", files.pristine_dir)
-    files.pristine = {key: _moved(Path(path), folder / "pristine", files.pristine_dir)
+    pristine, commands = ((Path(point.sources["pristine"]), Path(point.sources["commands"])) if point.sources
+                          else (folder / "pristine", folder / "commands"))
+    _link_tree(pristine, files.pristine_dir)
+    files.pristine = {key: _moved(Path(path), pristine, files.pristine_dir)
                       for key, path in point.files["pristine"].items()}
     files.secrets, files.task_files = set(point.files["secrets"]), dict(point.files["task_files"])
     files.dataset_sources, files.checked = list(point.files["dataset_sources"]), set(point.files["checked"])
     files.mode = point.files["mode"]
-    _link_tree(folder / "commands", child._commands)
+    _link_tree(commands, child._commands)
     child._disk.task_bytes = dict(point.task_bytes)
     with child._disk.lock:
         if point.copy_only:
