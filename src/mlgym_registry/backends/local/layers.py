@@ -22,6 +22,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -143,11 +144,35 @@ HOLDER_SCRIPT = (
 )
 
 
+WAITING_HOLDER = (
+    # a holder made ahead (``lowers=None``): Python, started and waiting before the fork, so that the fork's mount is
+    # a system call of a running process rather than a ``mount`` program started then (milliseconds)
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "point = sys.argv[1].encode()\n"
+    "def mount(source, target, kind, flags, data):\n"
+    "    if libc.mount(source, target, kind, flags, data) != 0:\n"
+    "        sys.stderr.write(os.strerror(ctypes.get_errno()) + '\\n')\n"
+    "        sys.exit(1)\n"
+    "mount(point, point, None, 4096, None)\n"  # MS_BIND
+    "mount(None, point, None, 1 << 20, None)\n"  # MS_SHARED
+    "print('waiting', flush=True)\n"
+    "options = sys.stdin.readline().strip()\n"
+    "if not options:\n"
+    "    sys.exit(0)\n"
+    "mount(b'overlay', point, b'overlay', 2 | 4, options.encode())\n"  # MS_NOSUID | MS_NODEV
+    "print('ready', flush=True)\n"
+    "while sys.stdin.readline():\n"
+    "    pass\n"
+)
+
+
 class OverlayView:
     """An overlay of ``lowers`` (topmost first) under ``upper``, mounted at ``mountpoint`` in a holder's namespaces.
 
     ``lowers=None`` starts the holder now and mounts later (``mount``): a child made ahead of a fork
-    (``spares.py``) has its namespaces, and a sandbox in them, before the layers it will stand on exist."""
+    (``spares.py``) has its namespaces, and a sandbox in them, before the layers it will stand on exist; its holder
+    is this interpreter (``WAITING_HOLDER``), which mounts with a system call when told."""
 
     def __init__(self, lowers: Sequence[Path] | None, upper: Path, work: Path, mountpoint: Path):
         self.lowers, self.upper, self.work, self.mountpoint = list(lowers or []), upper, work, mountpoint
@@ -155,9 +180,10 @@ class OverlayView:
         unshare = shutil.which("unshare")
         if unshare is None or shutil.which("nsenter") is None:
             raise OverlayUnavailable("util-linux's unshare and nsenter are needed for a copy-on-write fork")
+        program = (["/bin/sh", "-c", HOLDER_SCRIPT, "holder", self._options(), str(mountpoint)] if lowers is not None
+                   else [sys.executable, "-I", "-S", "-c", WAITING_HOLDER, str(mountpoint)])
         self.holder = subprocess.Popen(
-            [unshare, "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
-             "/bin/sh", "-c", HOLDER_SCRIPT, "holder", "-" if lowers is None else self._options(), str(mountpoint)],
+            [unshare, "--user", "--map-root-user", "--mount", "--propagation", "private", "--", *program],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             close_fds=True,
         )
