@@ -10,11 +10,7 @@ from torchrl.envs import TransformedEnv
 
 from ..env_hooks import env_built
 from .base import refuse_stepped
-
-LAST_OUTPUT = "_last_output"
-"""Where the env keeps its last outermost call's output (``ChainEnv.last_output``): what a fork resumes at."""
-RESUME_AT = "_resume_at"
-"""Where a fork's child made with ``resume_on_reset`` keeps the branch its resets return until it is stepped."""
+from .driver_state import LAST_OUTPUT, RESUME_AT
 
 OutputAdapter = Callable[[TensorDictBase, "ChainEnv"], TensorDictBase]
 """What the code driving an env does to each output before the env returns it: ``adapter(output, env)``."""

@@ -20,11 +20,7 @@ from typing import Any
 from ..env_hooks import env_built, factory_pickled
 from ..errors import EnvMisuseError
 from .backend_env import BackendEnv, _close_quietly
-from .chain_env import LAST_OUTPUT, RESUME_AT
-
-DRIVER_STATE = ("_output_adapter", "_call_depth", "_pool_token", LAST_OUTPUT, RESUME_AT)
-"""What the code driving an env keeps on it (``ChainEnv.hand_outputs_to``, a pool's name for its outputs, its last
-output): a child starts without the parent's (a child made to resume gets the branch of its own)."""
+from .driver_state import DRIVER_STATE, RESUME_AT
 
 
 def branch_of(env: Any) -> Any:

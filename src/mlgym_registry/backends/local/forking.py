@@ -34,8 +34,11 @@ from . import spares as spares_mod
 from .evaluation import force_rmtree
 
 if TYPE_CHECKING:
-    from .backend import LocalBackend
     from .session import ShellSession
+
+LocalBackend = Any
+"""``backend.LocalBackend``, which this module works on: named, not imported, since backend.py imports this
+module (a circle otherwise)."""
 
 NOT_CARRIED = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 """Exported variables the shell sets itself: never restored in a fork's shell."""
@@ -112,6 +115,8 @@ class ForkPoint:
     task_workspace: str
     folder: str
     """The point's own folder (its pristine copies and commands), inside its topmost layer's."""
+    backend_class: type
+    """The parent's class (``LocalBackend`` or a subclass), which each child is made of."""
     held: list[layers.Layer] = field(default_factory=list, repr=False, compare=False)
     sources: dict[str, str] | None = None
     """A point used in place (``fork``), while its parent stands: the parent's own folders of pristine copies and
@@ -149,7 +154,7 @@ class ForkPoint:
                    "dataset_sources": list(source.dataset_sources), "checked": set(source.checked),
                    "mode": source.mode},
             task_bytes=dict(parent._disk.task_bytes), shell=shell, sandboxed=parent.sandboxed,
-            task_workspace=str(parent.task_workspace), folder=str(folder), held=held,
+            task_workspace=str(parent.task_workspace), folder=str(folder), backend_class=type(parent), held=held,
             sources={"pristine": str(source.pristine_dir), "commands": str(parent._commands)} if in_place else None,
         )
 
@@ -162,8 +167,6 @@ class ForkPoint:
         """``n`` children, their views mounted and shells started side by side (with ``also_start``'s shells: the
         parent's, when it must start again); those ``spares`` holds ready are taken first (made ahead: their holder
         waits and their shell runs already), the others made now."""
-        from .backend import LocalBackend
-
         children: list[LocalBackend] = []
         try:
             held = self._hold()
@@ -172,7 +175,7 @@ class ForkPoint:
             for spare in ready:
                 _adopt(spare, self, held)
             for _ in range(n - len(ready)):
-                child = LocalBackend(self.spec, **self.options)
+                child = self.backend_class(self.spec, **self.options)
                 children.append(child)
                 _adopt(child, self, held)
             for env in (*also_start, *children):  # the holders mounted their views meanwhile
@@ -256,7 +259,7 @@ def keep_spares(parent: LocalBackend, n: int) -> None:
     if parent._finalizer.alive is False or not parent.sandboxed:
         return
     if parent._res.spares is None:
-        parent._res.spares = spares_mod.Spares(parent.spec, parent.options)
+        parent._res.spares = spares_mod.Spares(type(parent), parent.spec, parent.options)
     parent._res.spares.keep(n)
 
 

@@ -30,17 +30,20 @@ from . import sandbox as sandbox_mod
 
 if TYPE_CHECKING:
     from ...specs import TaskSpec
-    from .backend import LocalBackend
+
+LocalBackend = Any
+"""``backend.LocalBackend``, which this module works on: named, not imported, since backend.py imports this
+module (a circle otherwise)."""
 
 MAX_SPARES = 8
 """The most children a parent keeps made ahead (its last fork's ``n``, up to this)."""
 
 
 class Spares:
-    """The children made ahead for one parent (its task ``spec`` and ``options``)."""
+    """The children made ahead for one parent (its class, its task ``spec`` and ``options``)."""
 
-    def __init__(self, spec: TaskSpec, options: dict[str, Any]):
-        self.spec, self.options = spec, dict(options)
+    def __init__(self, backend_class: type[LocalBackend], spec: TaskSpec, options: dict[str, Any]):
+        self.backend_class, self.spec, self.options = backend_class, spec, dict(options)
         self._ready: list[LocalBackend] = []
         self._building = 0
         self._closed = False
@@ -88,7 +91,7 @@ class Spares:
     def _build_one(self) -> None:
         spare = None
         try:
-            spare = build(self.spec, self.options)
+            spare = build(self.backend_class, self.spec, self.options)
         except Exception:  # noqa: BLE001 - a fork without a spare makes its child itself
             spare = None
         with self._changed:
@@ -101,12 +104,10 @@ class Spares:
             spare.close()
 
 
-def build(spec: TaskSpec, options: dict[str, Any]) -> LocalBackend | None:
-    """A spare (module docstring): None where one cannot be made ahead (no sandbox, or the layers' folder is inside
-    one the sandbox shows)."""
-    from .backend import LocalBackend
-
-    child = LocalBackend(spec, **options)
+def build(backend_class: type[LocalBackend], spec: TaskSpec, options: dict[str, Any]) -> LocalBackend | None:
+    """A spare (module docstring) of the parent's ``backend_class``: None where one cannot be made ahead (no sandbox,
+    or the layers' folder is inside one the sandbox shows)."""
+    child = backend_class(spec, **options)
     try:
         res, confinement = child._res, child._confinement
         mountpoint = res.root / "workspace"
