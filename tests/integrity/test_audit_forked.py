@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlgym_registry import registry
-from mlgym_registry.backends.local import LocalBackend
+from mlgym_registry.backends.local import LocalBackend, forking
 from mlgym_registry.integrity import audit
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -30,7 +30,10 @@ class ForkedAtReset(LocalBackend):
 
 
 @pytest.fixture
-def forked_backend():
+def forked_backend(monkeypatch):
+    # a fork of a parent that wrote little freezes a copy and leaves the parent on its own files: no copy here, so
+    # that the env itself goes on over the frozen layer, as a parent with more written does
+    monkeypatch.setattr(forking, "COPY_LIMIT_ENTRIES", -1)
     registry.register("backend", "local_forked_at_reset", ForkedAtReset)
     try:
         yield "local_forked_at_reset"
