@@ -46,15 +46,21 @@ def _without_driver_state(env: Any) -> Iterator[None]:
         env.__dict__.update(kept)
 
 
+def _started_base(env: Any, what: str) -> BackendEnv:
+    """The ``BackendEnv`` under the chain env ``env``, refused unless it has an episode to fork (``what``: the call)."""
+    base = env.base_env
+    if not isinstance(base, BackendEnv):
+        raise TypeError(f"{what}() needs a chain over a BackendEnv, not over {type(base).__name__}")
+    if not base.has_backend:
+        raise EnvMisuseError(f"{what}() forks an episode: call env.reset() (and step it) first")
+    return base
+
+
 def fork_env(env: Any, n: int, *, resume_on_reset: bool = False) -> list[Any]:
     """``n`` copies of the chain env ``env`` (a ``TransformedEnv`` over a ``BackendEnv``), each over its own fork of
     the backend; closing any of them, the parent included, leaves the others running. ``resume_on_reset``: each
     child's resets return a copy of ``env``'s last output until it is stepped (``ChainEnv.fork``)."""
-    base = env.base_env
-    if not isinstance(base, BackendEnv):
-        raise TypeError(f"fork() needs a chain over a BackendEnv, not over {type(base).__name__}")
-    if not base.has_backend:
-        raise EnvMisuseError("fork() forks an episode: call env.reset() (and step it) first")
+    base = _started_base(env, "fork")
     backend = base.backend
     fork = getattr(backend, "fork", None)
     if fork is None:
@@ -151,11 +157,7 @@ class ChainForkPoint:
 def fork_point(env: Any, *, resume_on_reset: bool = False) -> ChainForkPoint:
     """``env``'s state as a ``ChainForkPoint`` (``ChainEnv.fork_point``); ``resume_on_reset``: each child's
     resets return a copy of ``env``'s last output until it is stepped."""
-    base = env.base_env
-    if not isinstance(base, BackendEnv):
-        raise TypeError(f"fork_point() needs a chain over a BackendEnv, not over {type(base).__name__}")
-    if not base.has_backend:
-        raise EnvMisuseError("fork_point() forks an episode: call env.reset() (and step it) first")
+    base = _started_base(env, "fork_point")
     backend = base.backend
     if getattr(backend, "fork_point", None) is None:
         raise NotImplementedError(
