@@ -75,9 +75,9 @@ def fixed_seeds(reference: list[Draw], other_seed: list[Draw]) -> list[Draw]:
             if d.kind == SEED and d.by_the_task and (d.source, d.where, d.value) in again]
 
 
-def followed(traces: list[Draw]) -> list[str]:
+def followed(found: list[Draw]) -> list[str]:
     """The global generators the harness seeded from the evaluation seed that the evaluation used (for the card)."""
-    return [d.source for d in traces if d.kind == SEEDED]
+    return [d.source for d in found if d.kind == SEEDED]
 
 
 NO_DRAW_SEEN = ("no draw the trace sees differed (the seeds given to random, numpy and torch, the system's entropy): "
