@@ -319,3 +319,26 @@ def test_children_made_ahead_start_in_the_parents_state_and_nothing_outlives_clo
     assert not [pid for pid in made_ahead if os.path.exists(f"/proc/{pid}")], "a process made ahead outlived close"
     assert not any(spare._res.root.exists() for spare in spares)
 
+
+
+@pytest.mark.parametrize("how", ["fork", "fork_point"])
+def test_a_shell_never_starts_before_its_view_is_mounted(make, monkeypatch, how):
+    # on a busy machine a holder's mount can finish after a sandbox could start: one started then binds the empty
+    # mount point, and the agent's files are not there (an audit on forked envs lost its baseline's submission so)
+    monkeypatch.setattr(forking, "COPY_LIMIT_ENTRIES", -1)  # the files themselves are frozen, the parent's shell
+    monkeypatch.setattr(layers, "HOLDER_SCRIPT", "sleep 1; " + layers.HOLDER_SCRIPT)  # restarted on a new view
+    parent = make()
+    run(parent, "echo kept > f.txt")
+    if how == "fork":
+        children = parent.fork(1)
+    else:
+        point = parent.fork_point()
+        children = [point.make()]
+        point.close()
+    try:
+        for env in (parent, *children):
+            assert run(env, "cat f.txt; echo new > g.txt; cat g.txt").split() == ["kept", "new"]
+            assert (env.host_workspace / "g.txt").read_text() == "new\n"
+    finally:
+        for child in children:
+            child.close()

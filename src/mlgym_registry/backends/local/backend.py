@@ -561,6 +561,9 @@ class LocalBackend:
     def _new_session(
         self, cgroup: limits_mod.PidsCgroup | None, memory: limits_mod.MemoryCgroup | None
     ) -> ShellSession:
+        view = self._res.view
+        if view is not None and not view.waiting:  # a shell started before its view is mounted binds the empty folder
+            view.wait_ready()
         return self._confinement.new_session(cgroup, memory, max_output_bytes=4 * self.max_output_chars)
 
     def _set_up(self, session: ShellSession, then: str = "") -> None:

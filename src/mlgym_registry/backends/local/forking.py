@@ -178,13 +178,11 @@ class ForkPoint:
                 child = self.backend_class(self.spec, **self.options)
                 children.append(child)
                 _adopt(child, self, held)
-            for env in (*also_start, *children):  # the holders mounted their views meanwhile
-                if env._res.view is not None:
-                    env._res.view.wait_ready()
-            _start_shells([*also_start, *children[len(ready):]], self)
+            _start_shells([*also_start, *children[len(ready):]], self)  # each waits for its view, mounted meanwhile
             for spare in ready:
                 session = spare._res.session
-                assert session is not None
+                assert session is not None and spare._res.view is not None
+                spare._res.view.wait_ready()
                 spare._set_up(session, then=ShellState(self.shell.cwd, self.shell.exports).restore_script())
         except BaseException:
             for child in children:
