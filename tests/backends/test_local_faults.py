@@ -349,3 +349,27 @@ def test_a_sweep_while_another_backend_takes_its_owner_lock_spares_it(tmp_path, 
         assert swept and env.step("echo ok")[0] == "ok"
     finally:
         env.close()
+
+
+
+def test_a_process_in_its_exit_or_a_zombie_is_nobodys_running_process():
+    # a killed process is taken down by the kernel for as long as a loaded machine takes: meanwhile it is still in
+    # its cgroup and its parent's tree, and a fork must not be refused for it (CI: "processes running: 29754 (bash)")
+    from mlgym_registry.backends.local import procs
+
+    with open("/proc/self/stat", "rb") as handle:
+        line = handle.read()
+    head, _, rest = line.rpartition(b") ")
+    fields = rest.split(b" ")
+    assert procs.runs_code(line) and procs.alive(os.getpid())
+    # no process can be held in its exit on demand: this one's own line, with the kernel's PF_EXITING flag set
+    fields[6] = str(int(fields[6]) | procs.PF_EXITING).encode()
+    assert not procs.runs_code(head + b") " + b" ".join(fields))
+    zombie = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 120
+    while open(f"/proc/{zombie.pid}/stat", "rb").read().split(b") ")[1][:1] != b"Z":
+        assert time.monotonic() < deadline, "`true` never ended"
+        time.sleep(0.01)
+    assert not procs.alive(zombie.pid)
+    zombie.wait()
+    assert not procs.alive(zombie.pid)

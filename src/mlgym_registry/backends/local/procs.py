@@ -141,12 +141,24 @@ def kill_all(pids: Iterable[int]) -> None:
     signal_all(pids, signal.SIGKILL)
 
 
+PF_EXITING = 0x4
+"""The kernel's flag of a process whose code has ended (killed, or returning) while it is taken down."""
+
+
+def runs_code(stat: bytes) -> bool:
+    """Whether the process whose ``/proc/<pid>/stat`` line is ``stat`` is neither a zombie nor exiting."""
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields[0] not in (b"Z", b"X") and not int(fields[6]) & PF_EXITING
+
+
 def alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
+    """Whether ``pid`` can still run code: it exists, is not a zombie and is not exiting. A killed process is
+    exiting, its code ended, for as long as the kernel takes to free it (long on a loaded machine): nothing it runs
+    can change a file or start a process any more, so it is nobody's running process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
-        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
+        return runs_code(stat)
     except FileNotFoundError:
         return False
     except OSError:
