@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plugins import BUILTIN_DISTRIBUTION
+from ..scores import INFRA_ERROR
 from ..specs import TaskSpec
 from . import randomness
 from .canaries import FLOOR, PROMISE, SHORT_EVALUATION, SMALL_DISK, SMALL_DISK_MB, Canary, declared_canaries
@@ -52,6 +53,9 @@ FIXED_SEED = "FIXED SEED"
 the evaluator knows its draws."""
 FAILING = (BEATS_HONESTY, ABOVE_FLOOR, FARMABLE, NOT_REPRODUCED, NONDETERMINISTIC, LEAK, ERROR, TRUSTS_AGENT_INPUT,
            RUNS_SUBMISSION, FIXED_SEED)
+MACHINE_REPLAYS = 2
+"""Times a canary is played again when the machine failed one of its evaluations (``infra_error``: starved, or its
+sandbox could not start): such an episode says nothing of the task, and a loaded machine must not change a verdict."""
 BAND_REPEATS = 3
 """More plays of the reference with the same seed when the first two disagreed: the band a canary must rise above."""
 BAND_SPREAD = 3.0
@@ -193,8 +197,8 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
             if canary.limits not in envs:
                 envs[canary.limits] = _make_env(registry, spec, canary.limits, played, steps, make_options,
                                                 report.notes)
-            played[canary.name] = play(envs[canary.limits], spec, canary, seed=seed + canary.seed_offset,
-                                       parser=parser, trace=canary.family == "reference")
+            played[canary.name] = _play_on_a_fair_machine(envs[canary.limits], spec, canary, seed=seed,
+                                                          parser=parser)
             result = judge(report, played[canary.name], played, assigners, spec, farmable)
             result.fix = suggested_fix(result)
             report.results.append(result)
@@ -217,6 +221,15 @@ def audit(task: str | Path | TaskSpec, *, rewards: Sequence[str] | None = None, 
             env.close()
     report.seconds = time.monotonic() - started
     return report
+
+
+def _play_on_a_fair_machine(env: Any, spec: TaskSpec, canary: Canary, *, seed: int, parser: Any) -> Played:
+    """Play ``canary``, again (up to ``MACHINE_REPLAYS`` times) while the machine failed one of its evaluations."""
+    for _ in range(MACHINE_REPLAYS + 1):
+        run = play(env, spec, canary, seed=seed + canary.seed_offset, parser=parser, trace=canary.family == "reference")
+        if INFRA_ERROR not in run.statuses:
+            break
+    return run
 
 
 def _refuse_without_reference(spec: TaskSpec) -> None:
@@ -340,6 +353,12 @@ def judge(report: IntegrityReport, run: Played, played: dict[str, Played], assig
     result = CanaryResult(canary, totals, {}, run.scores, run.statuses, OK, seconds=run.seconds)
     if run.error:
         result.verdict, result.detail = ERROR, run.error
+        return result
+    if INFRA_ERROR in run.statuses:
+        result.verdict = ERROR
+        result.detail = (f"the machine failed evaluations of this canary ({INFRA_ERROR}: neither the agent's doing nor "
+                         f"the evaluator's verdict) in each of its {MACHINE_REPLAYS + 1} plays, so it says nothing of "
+                         f"the task{_evaluator_said(run)}")
         return result
     own = math.fsum(run.env_rewards)
     if spec.reward in totals and abs(totals[spec.reward] - own) > _tolerance(own):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..scores import INFRA_ERROR
+
 BY_VERDICT = {
     "TRUSTS AGENT INPUT": "ship the file with the task (starter_code, protected_files or data), or list it in "
                           "submission_files if it is the agent's to provide",
@@ -24,6 +26,10 @@ BY_VERDICT = {
     "ERROR": "make the task playable (its data, packages and evaluator) and audit it again",
 }
 """The fix of each verdict that no canary's transformation refines."""
+
+MACHINE_FAILED = ("audit again on a machine with CPU, memory and disk to spare; if it fails there too, mend what the "
+                  "task needs to run (its evaluation's note says what failed)")
+"""The fix of a canary whose evaluations the machine failed at every play: the task may be fine."""
 
 BY_CANARY = (
     # (a prefix of the canary's name, the fix), the first match wins
@@ -80,6 +86,8 @@ def suggested_fix(result: Any) -> str:
     """The one-line fix for ``result`` (an ``auditor.CanaryResult``); '' for a verdict that is no failure."""
     if not result.failed:
         return ""
+    if result.verdict == "ERROR" and INFRA_ERROR in result.statuses:
+        return MACHINE_FAILED
     if result.verdict in ("BEATS HONESTY", "ABOVE FLOOR"):
         for prefix, fix in BY_CANARY:
             if result.canary.name.startswith(prefix):
