@@ -267,7 +267,8 @@ def test_an_evaluation_that_uses_its_time_is_the_agents_failure(mini_spec, tmp_p
         took = time.monotonic() - started
         assert info["evaluation_status"] == "agent_error", observation
         assert "did not finish within 3 seconds" in observation, observation
-        assert took < eval_clock.backstop(3) / 2, f"{took:.1f} s: its own loops' time was credited to it"
+        # its clock ran out before the backstop (how far before depends on the machine's load, not asserted)
+        assert took < eval_clock.backstop(3), f"{took:.1f} s: its own loops' time was credited to it"
     finally:
         env.close()
 
