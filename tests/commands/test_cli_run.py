@@ -80,7 +80,7 @@ def test_episodes_that_do_not_divide_among_the_envs_are_refused_before_any_folde
 @pytest.mark.slow
 def test_one_env_plays_several_episodes_in_a_row(tmp_path):
     out = tmp_path / "out"
-    result = run_cli("run", "blotto", "--episodes", "2", "--seed", "3", "--out", str(out), timeout=300)
+    result = run_cli("run", "battleOfSexes", "--episodes", "2", "--seed", "3", "--out", str(out), timeout=300)
     assert result.returncode == 0, result.stderr
     assert "env 0 episode 1: exit status: submitted" in result.stdout
     assert sorted(p.name for p in out.iterdir()) == ["env0-0", "env0-1"]

@@ -26,7 +26,7 @@ from mlgym_registry.commands.bench import EXIT_DONE, EXIT_INTERRUPTED, EXIT_RUNS
 from mlgym_registry.commands.out_folder import LOCK_NAME
 from mlgym_registry.evaluation.suite import SuiteProgress
 
-TASKS = ("prisonersDilemma", "blotto")
+TASKS = ("prisonersDilemma", "battleOfSexes")  # the two cheapest games to evaluate
 SUITE = [*TASKS, "--max-steps", "4", "--seed", "0", "--quiet"]
 
 
@@ -126,8 +126,8 @@ def outcomes_of(folder: Path) -> bool:
 
 @pytest.mark.slow
 def test_an_api_failure_ends_only_its_runs_and_the_workers_go_on(tmp_path, capsys):
-    def reply(request: dict) -> dict:  # blotto's model is down; prisonersDilemma's submits at once
-        if "blotto" in json.dumps(request["messages"]).lower():
+    def reply(request: dict) -> dict:  # battleOfSexes's model is down; prisonersDilemma's submits at once
+        if "battle of the sexes" in json.dumps(request["messages"]).lower():
             return error(500, "boom", kind="server_error")
         return completion("DISCUSSION\nThe starter strategy will do.\n```\nsubmit\n```")
 
@@ -141,7 +141,7 @@ def test_an_api_failure_ends_only_its_runs_and_the_workers_go_on(tmp_path, capsy
     for k in range(2):
         agent, failed, status_ = found[f"{MODEL}__prisonersDilemma__run_{k}"]
         assert agent and not failed and status_ == "submitted"
-        agent, failed, status_ = found[f"{MODEL}__blotto__run_{k}"]
+        agent, failed, status_ = found[f"{MODEL}__battleOfSexes__run_{k}"]
         assert failed.startswith("PolicyError: ") and "(500: boom)" in failed and "exit_api" in status_
     records = run_records(out)
     assert len({record["pid"] for record in records.values()}) <= 2

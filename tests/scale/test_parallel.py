@@ -14,7 +14,7 @@ from mlgym_registry.scale.runs import run_parallel
 
 @pytest.mark.slow
 def test_run_parallel_plays_each_env_to_the_end(tmp_path):
-    results = run_parallel("blotto", "scripted", 2, out=tmp_path, seed=3, episodes_per_env=2)
+    results = run_parallel("battleOfSexes", "scripted", 2, out=tmp_path, seed=3, episodes_per_env=2)
     assert len(results) == 4 and all(result.finished for result in results)
     # when an evaluation fails, say how (it once came back unscored under a loaded CI machine)
     unscored = [(result.stop_reason, result.failure, result.info) for result in results
@@ -27,8 +27,8 @@ def test_run_parallel_plays_each_env_to_the_end(tmp_path):
 @pytest.mark.slow
 def test_a_worker_plays_several_envs_at_once_each_as_it_would_alone(tmp_path):
     """Four envs in two workers (two envs each, in threads) play the episodes four workers play, seed for seed."""
-    shared = run_parallel("blotto", "scripted", 4, out=tmp_path / "two", seed=3, workers=2)
-    alone = run_parallel("blotto", "scripted", 4, out=tmp_path / "four", seed=3, workers=4)
+    shared = run_parallel("battleOfSexes", "scripted", 4, out=tmp_path / "two", seed=3, workers=2)
+    alone = run_parallel("battleOfSexes", "scripted", 4, out=tmp_path / "four", seed=3, workers=4)
     pids = [result.worker["pid"] for result in shared]
     assert pids[0] == pids[2] != pids[1] == pids[3]  # env i plays in worker i % 2
     assert len({result.worker["pid"] for result in alone}) == 4
