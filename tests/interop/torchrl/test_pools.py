@@ -235,4 +235,5 @@ def test_parallel_env_with_its_defaults_restarts_each_env_at_its_own_turn():
 @pytest.mark.slow
 @pytest.mark.parametrize("consolidate", [True, False])
 def test_parallel_env_plays_four_envs_over_episodes_of_different_lengths(consolidate):
-    play_parallel(LENGTHS, steps=8, consolidate=consolidate)
+    # 5 steps: every env ends an episode at its own turn, and the longest then plays a turn of its next one
+    play_parallel(LENGTHS, steps=max(LENGTHS) + 1, consolidate=consolidate)
