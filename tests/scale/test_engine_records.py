@@ -3,7 +3,8 @@ actor (a real local Ray runtime), leaves the same ``.traj`` and ``results.json``
 included; a failed episode's ``fail`` record reaches the files on every engine.
 
 Each engine plays one short episode (``max_steps=2``) of the same task with the same seed; the records are compared
-whole but for what differs from run to run by nature (times, the worker's pid).
+whole but for what differs from run to run by nature (times, the worker's pid). The Ray runtime is the one the other
+Ray test modules share (``shared_ray``); the module's fixtures are session-scoped so that its tests stay in that group.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_ray import RAY_GROUP, shared_ray  # noqa: F401 - the fixture
 
 from mlgym_registry import registry
 from mlgym_registry.episodes.episode import run_episode
@@ -21,6 +23,8 @@ from mlgym_registry.policies.give_up import GiveUpWithExitApi
 from mlgym_registry.records.recorder import CallRecorder, EpisodeRecorder, replay
 from mlgym_registry.records.trajectories import Step, TrajectoryWriter
 from mlgym_registry.scale.runs import run_episodes
+
+pytestmark = pytest.mark.xdist_group(RAY_GROUP)
 
 TASK = "prisonersDilemma"
 SEED = 11
@@ -93,12 +97,12 @@ def given_up_in_process(spec, out: Path) -> dict[str, Any]:
     return record(out)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def workspaces(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("workspaces")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def references(tmp_path_factory, workspaces) -> dict[str, dict[str, Any]]:
     """Each parser's episode played in this process: what every engine must record."""
     return {parser: in_process(spec_for(parser, workspaces), tmp_path_factory.mktemp(f"here-{parser}"))
@@ -122,7 +126,7 @@ def test_worker_processes_record_what_this_process_records(parser, references, w
     assert on_engine(spec_for(parser, workspaces), tmp_path, "process") == references[parser]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def given_up(tmp_path_factory, workspaces) -> dict[str, Any]:
     """An episode whose policy gave up, played in this process."""
     saved = given_up_in_process(spec_for("thought_action", workspaces), tmp_path_factory.mktemp("given-up"))
@@ -139,25 +143,18 @@ def test_a_policy_that_gives_up_in_a_worker_process_is_recorded_as_here(given_up
     assert on_engine(spec_for("thought_action", workspaces), tmp_path, "process", UNREACHABLE) == given_up
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    pytest.importorskip("ray")
-    from mlgym_registry.scale.ray_runtime import ray_session
-
-    with ray_session(num_cpus=2) as session:
-        yield session
-
-
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.parametrize("parser", list(PARSERS))
-def test_ray_actors_record_what_this_process_records(parser, references, workspaces, local_ray, tmp_path):
+def test_ray_actors_record_what_this_process_records(parser, references, workspaces, shared_ray,  # noqa: F811
+                                                     tmp_path):
     assert on_engine(spec_for(parser, workspaces), tmp_path, "ray") == references[parser]
 
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_policy_that_gives_up_in_a_ray_actor_is_recorded_as_here(given_up, workspaces, local_ray, tmp_path):
+def test_a_policy_that_gives_up_in_a_ray_actor_is_recorded_as_here(given_up, workspaces, shared_ray,  # noqa: F811
+                                                                     tmp_path):
     assert on_engine(spec_for("thought_action", workspaces), tmp_path, "ray", UNREACHABLE) == given_up
 
 

@@ -1,8 +1,8 @@
 """Episodes as Ray actors (``--ray``) on a real local Ray runtime: files, seeds, faults and clean-up.
 
-One local runtime (``ray_session()``: loopback only, its own temporary folder) serves the whole module; a broken
-plugin is installed for its workers only (on their ``PYTHONPATH``, not on this process's ``sys.path``), as on a
-worker node with a bad install.
+One local runtime (``ray_session()``: loopback only, its own temporary folder) serves the whole module, shared with the
+other Ray test modules (``shared_ray``); for one run a broken plugin is installed for its workers only (on their
+``PYTHONPATH``, not on this process's ``sys.path``), as on a worker node with a bad install.
 """
 
 from __future__ import annotations
@@ -14,46 +14,26 @@ import time
 from pathlib import Path
 
 import pytest
+from shared_ray import RAY_GROUP, shared_ray  # noqa: F401 - the fixture
 
 ray = pytest.importorskip("ray")
 
 from mlgym_registry import registry  # noqa: E402
 from mlgym_registry.episodes.episode import run_episode  # noqa: E402
 from mlgym_registry.policies import make_policy  # noqa: E402
-from mlgym_registry.scale.ray_runtime import RayConnectionError, ray_session  # noqa: E402
+from mlgym_registry.scale.ray_runtime import RayConnectionError  # noqa: E402
 from mlgym_registry.scale.runs import run_episodes  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.xdist_group(RAY_GROUP)]
 
 TASK = "blotto"
 BROKEN_DIST = "mlgym-registry-broken-on-workers"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: that would take the module out of the shared runtime's group
 def workspaces(tmp_path_factory) -> Path:
     """The folder the local backend makes its env folders in, for every test of the module (checked empty)."""
     return tmp_path_factory.mktemp("workspaces")
-
-
-@pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    """A local Ray runtime for the module, whose workers see a plugin that fails to import."""
-    site = tmp_path_factory.mktemp("worker-site")
-    (site / "broken_on_workers.py").write_text("raise RuntimeError('this plugin is broken on purpose')\n")
-    info = site / "mlgym_registry_broken_on_workers-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {BROKEN_DIST}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[mlgym_registry]\nbroken = broken_on_workers\n")
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), saved]))
-    try:
-        with ray_session(num_cpus=2) as session:
-            yield session
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
 
 
 def options(workspaces: Path) -> dict:
@@ -89,9 +69,12 @@ def assert_clean(workspaces: Path) -> None:
     assert list(workspaces.iterdir()) == []
 
 
-def test_ray_episodes_write_the_same_files_and_scores_as_an_episode_in_this_process(local_ray, workspaces, tmp_path):
+def test_ray_episodes_write_the_same_files_and_scores_as_an_episode_in_this_process(shared_ray, workspaces,  # noqa: F811
+                                                                                     tmp_path):
     spec = spec_for(workspaces)
-    with pytest.warns(RuntimeWarning, match=f"in a Ray worker: .*{BROKEN_DIST}"):
+    broken = "raise RuntimeError('this plugin is broken on purpose')\n"
+    with shared_ray.installed_on_workers(BROKEN_DIST, "broken_on_workers", broken, entry_point="broken"), \
+            pytest.warns(RuntimeWarning, match=f"in a Ray worker: .*{BROKEN_DIST}"):
         results = run_episodes(spec, "scripted", 2, engine="ray", out=tmp_path / "ray", seed=5, episodes_per_env=2)
     assert [result.finished for result in results] == [True] * 4
     assert {result.worker["pid"] for result in results[:2]} != {result.worker["pid"] for result in results[2:]}
@@ -112,7 +95,7 @@ def test_ray_episodes_write_the_same_files_and_scores_as_an_episode_in_this_proc
     assert_clean(workspaces)
 
 
-def test_an_actor_killed_mid_episode_fails_only_its_episode(local_ray, workspaces, tmp_path):
+def test_an_actor_killed_mid_episode_fails_only_its_episode(shared_ray, workspaces, tmp_path):  # noqa: F811
     killed: list[int] = []
 
     def kill_one(finished: int, steps: int) -> None:
@@ -133,13 +116,13 @@ def test_an_actor_killed_mid_episode_fails_only_its_episode(local_ray, workspace
     assert_clean(workspaces)
 
 
-def test_a_cpu_request_larger_than_any_node_is_refused_before_any_actor_starts(local_ray, workspaces):
+def test_a_cpu_request_larger_than_any_node_is_refused_before_any_actor_starts(shared_ray, workspaces):  # noqa: F811
     with pytest.raises(RayConnectionError, match=r"cpus_per_env=3.*largest node.*2 CPUs"):
         run_episodes(spec_for(workspaces), "scripted", 1, engine="ray", cpus_per_env=3)
     assert worker_actors() == []  # refused before any actor was asked for (one would wait for a CPU forever)
 
 
-def test_an_unknown_task_fails_in_the_driver(local_ray):
+def test_an_unknown_task_fails_in_the_driver(shared_ray):  # noqa: F811
     from mlgym_registry.errors import UnknownNameError
 
     with pytest.raises(UnknownNameError, match="Did you mean 'blotto'"):
@@ -147,7 +130,7 @@ def test_an_unknown_task_fails_in_the_driver(local_ray):
     assert worker_actors() == []
 
 
-def test_the_local_runtime_runs_its_workers_at_normal_priority(local_ray):
+def test_the_local_runtime_runs_its_workers_at_normal_priority(shared_ray):  # noqa: F811
     # Ray's default niceness for workers is 15: on a busy machine the actors that play the episodes would starve
     niceness = ray.get(ray.remote(lambda: os.nice(0)).remote())
     assert niceness == os.nice(0)

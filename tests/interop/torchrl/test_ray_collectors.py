@@ -1,6 +1,7 @@
 """TorchRL 0.14's Ray collectors over our envs, on a real local Ray runtime (no mocks).
 
-One local runtime with 2 CPUs serves the whole file (starting one takes 10-20 s on 2 cores).
+One local runtime with 2 CPUs serves the whole file, and the Ray tests of ``tests/scale/`` too (``shared_ray``: starting
+one takes 10-20 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from shared_ray import RAY_GROUP, shared_ray  # noqa: F401 - the fixture
 
 ray = pytest.importorskip("ray")
 
@@ -19,18 +21,18 @@ from mlgym_registry.interop.torchrl.ray_collectors import (  # noqa: E402
     split_collector_kwargs,
 )
 from mlgym_registry.scale.ray_resources import RayResourceError  # noqa: E402
-from mlgym_registry.scale.ray_runtime import RayConnectionError, ray_session  # noqa: E402
+from mlgym_registry.scale.ray_runtime import RayConnectionError  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.xdist_group(RAY_GROUP)]
 
 TASK = "prisonersDilemma"
 
 
-@pytest.fixture(scope="module")
-def session():
-    # a local runtime whose raylet missed Ray's fixed 30 s wait on a loaded machine is started again (ray_session)
-    with ray_session(num_cpus=2) as running:
-        yield running
+@pytest.fixture
+def session(shared_ray):  # noqa: F811 - the imported fixture
+    """The shared runtime's ``RaySession``: each test leaves it as it found it, with every CPU free
+    (``wait_until_idle``)."""
+    return shared_ray.session
 
 
 PROMPTLY = 120.0
