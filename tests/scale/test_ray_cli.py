@@ -81,6 +81,13 @@ def short_tmp():
     subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
+HEAD_ENVIRONMENT = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+"""For the head node the test starts and stops: on SIGTERM ``ray start --block`` first drains the node, for up to 30 s
+(Ray's default), before it stops its processes, which the same signal (sent to the group) has already ended; every stop
+ran out the 20 s ``stop_group`` gives before it kills. 0 is Ray's switch for stopping at once; what the test checks is
+the run, and that nothing is left running after the stop."""
+
+
 def start_head(env: dict[str, str], temp_dir: Path, attempts: int = 3) -> tuple[subprocess.Popen, int]:
     """``ray start --head --block`` on loopback, and its port, once the port answers. Ray waits a fixed 30 s for the
     raylet to register, which a loaded machine can miss (``ray start`` then exits): that is the machine's load, not
@@ -111,7 +118,7 @@ def start_head(env: dict[str, str], temp_dir: Path, attempts: int = 3) -> tuple[
 def test_run_on_a_head_node_started_with_ray_start(tmp_path, short_tmp):
     home = tmp_path / "home"
     home.mkdir()
-    env = quiet_env(home, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled")
+    env = quiet_env(home, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled", **HEAD_ENVIRONMENT)
     head, port = start_head(env, short_tmp / "ray")
     try:
         out = tmp_path / "out"
