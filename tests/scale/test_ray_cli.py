@@ -1,8 +1,9 @@
 """``mlgym-registry run --ray`` as a user runs it, on real Ray runtimes started by the tests.
 
 - a head node started with ``ray start --head`` on loopback, addressed with ``--ray 127.0.0.1:PORT``;
-- a two-node cluster on this machine (``ray.cluster_utils.Cluster``), in a fresh interpreter: the episodes spread over
-  the nodes, and losing a node mid-episode fails only the episode it was playing;
+- a two-node cluster on this machine (``ray.cluster_utils.Cluster``), in a fresh interpreter (this process may hold a
+  Ray runtime of its own): the episodes spread over the nodes, and losing a node mid-episode fails only the episode it
+  was playing;
 - ``--ray`` alone, interrupted: every file stays valid JSON, and no Ray process, temporary folder or file in the
   home folder is left;
 - bad input: an address nobody answers, Ray not installed, an unknown task.
@@ -137,6 +138,7 @@ def test_run_on_a_head_node_started_with_ray_start(tmp_path, short_tmp):
 CLUSTER_SCRIPT = """
 import json, time
 import ray
+from ray._private.state import actors  # the public state API needs the dashboard, which these nodes leave off
 from ray.cluster_utils import Cluster
 from mlgym_registry import registry
 from mlgym_registry.scale.runs import run_episodes
@@ -159,19 +161,29 @@ def start_cluster():
 cluster, worker_node = start_cluster()
 ray.init(address=cluster.address)
 spec = registry.spec("blotto").replace(max_steps=3)
-lost = []
+placed = {}
+
+def episode_workers():
+    # pid -> node of each live EpisodeWorker actor (every actor of this cluster is the run's)
+    return {entry["Pid"]: entry["Address"]["NodeID"] for entry in actors().values()
+            if entry["ActorClassName"] == "EpisodeWorker" and entry["State"] == "ALIVE"}
 
 def lose_worker_node(finished, steps):
-    if steps >= 2 and not lost:
-        cluster.remove_node(worker_node)
-        lost.append(worker_node.node_id)
+    # called at the first turn played: until this returns the run asks for no other turn (the other env can finish
+    # at most the one call it has in flight), so both envs are mid-episode (3 turns each). Once both actors are up,
+    # one on each node (SPREAD; a node has room for one), the worker node goes with the episode it is playing.
+    if placed:
+        return
+    deadline = time.monotonic() + 300  # a ceiling for a loaded machine, not a timing
+    while len(episode_workers()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    placed.update(episode_workers())
+    cluster.remove_node(worker_node)
 
-first = run_episodes(spec, "scripted", 2, engine="ray", seed=0)
-second = run_episodes(spec, "scripted", 2, engine="ray", seed=0, on_step=lose_worker_node)
+results = run_episodes(spec, "scripted", 2, engine="ray", seed=0, on_step=lose_worker_node)
 print(json.dumps({
-    "first": [[r.finished, r.worker.get("node_id"), r.failure] for r in first],
-    "second": [[r.finished, r.worker.get("node_id"), r.failure] for r in second],
-    "lost": lost, "head": cluster.head_node.node_id,
+    "results": [[r.finished, r.worker.get("node_id"), r.worker.get("pid"), r.failure] for r in results],
+    "placed": placed, "lost": worker_node.node_id, "head": cluster.head_node.node_id,
 }))
 ray.shutdown()
 cluster.shutdown()
@@ -181,16 +193,19 @@ cluster.shutdown()
 def test_episodes_spread_over_nodes_and_a_lost_node_fails_only_its_episode(tmp_path, short_tmp):
     home = tmp_path / "home"
     home.mkdir()
-    done = run_python(CLUSTER_SCRIPT, env=quiet_env(home, RAY_AUTH_MODE="disabled", TMPDIR=str(short_tmp)),
-                      timeout=240)
+    done = run_python(CLUSTER_SCRIPT, env=quiet_env(home, RAY_AUTH_MODE="disabled", TMPDIR=str(short_tmp)))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [finished for finished, _, _ in report["first"]] == [True, True]
-    assert len({node for _, node, _ in report["first"]}) == 2  # one env per node
-    outcomes = report["second"]
-    assert sum(finished for finished, _, _ in outcomes) == 1
-    failure = next(failure for finished, _, failure in outcomes if not finished)
-    assert failure.startswith("its Ray actor died")
+    head, lost = report["head"], report["lost"]
+    assert sorted(report["placed"].values()) == sorted([head, lost]), report  # one env's actor on each node
+    finished = [outcome for outcome in report["results"] if outcome[0]]
+    failed = [outcome for outcome in report["results"] if not outcome[0]]
+    assert len(finished) == len(failed) == 1, report
+    [(_, node, pid, failure)] = finished
+    assert node == head and report["placed"][str(pid)] == head and not failure  # the head's env played to the end
+    [(_, node, _, failure)] = failed
+    assert node in (lost, None)  # None: its actor's node was lost before it said where it runs
+    assert failure.startswith("its Ray actor died"), failure
     assert processes_mentioning(str(short_tmp)) == []
 
 
