@@ -31,7 +31,10 @@ psutil = pytest.importorskip("psutil")
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-TASK = "blotto"
+TASK = "prisonersDilemma"
+"""The task the runs play: its evaluation costs a third of blotto's, and what is checked here is Ray's part."""
+LONG_TASK = "blotto"
+"""The task of the run that is interrupted: its scripted episodes last long enough to be interrupted mid-way."""
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
@@ -160,7 +163,7 @@ def start_cluster():
 
 cluster, worker_node = start_cluster()
 ray.init(address=cluster.address)
-spec = registry.spec("blotto").replace(max_steps=3)
+spec = registry.spec("prisonersDilemma").replace(max_steps=3)
 placed = {}
 
 def episode_workers():
@@ -213,8 +216,8 @@ def test_an_interrupted_local_runtime_run_leaves_valid_files_and_nothing_running
     home = tmp_path / "home"
     home.mkdir()
     out = tmp_path / "out"
-    run = subprocess.Popen([sys.executable, "-m", "mlgym_registry.cli", "run", TASK, "--num-envs", "2", "--ray",
-                            "--out", str(out)], env=quiet_env(home, TMPDIR=str(short_tmp)),
+    run = subprocess.Popen([sys.executable, "-m", "mlgym_registry.cli", "run", LONG_TASK, "--num-envs", "2",
+                            "--ray", "--out", str(out)], env=quiet_env(home, TMPDIR=str(short_tmp)),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                            preexec_fn=default_sigint)
     try:
