@@ -255,9 +255,12 @@ def episode_scores(spec, seed: int, episodes: int = 3) -> list[float]:
         env.close()
 
 
-def test_later_resets_continue_the_seeds_stream(mini_spec):
+def test_later_resets_continue_the_seeds_stream(mini_spec, monkeypatch):
     """(d) Gymnasium's seeding: after ``set_seed(s)`` every reset plays the stream's next episode (each with its own
     evaluation seed, so tit for tat, deterministic, scores differently), and the sequence repeats in another env."""
+    # the evaluation seeds derive from the installation key too: with the session's random key, two of the three
+    # episodes drew partners that score tit for tat alike about one session in four (CI); this key's three do not
+    monkeypatch.setenv(seeding.KEY_VARIABLE, "5eed" * 16)
     first = episode_scores(mini_spec, 11)
     assert len(set(first)) == 3, first
     assert episode_scores(mini_spec, 11) == first
