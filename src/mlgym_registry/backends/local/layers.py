@@ -11,7 +11,11 @@ namespaces, where an unprivileged user may mount overlayfs, Linux 5.11 and later
 stdin, a pipe from the driver: when the driver ends, or ``stop`` closes it, the holder ends and the mount with it.
 
 A layer lives while any env uses it: each user holds a shared ``flock`` on the layer's lock file; the last to let go
-(an exclusive lock succeeds) removes it, and ``sweep_layers`` removes those whose users all died.
+(an exclusive lock succeeds) removes it, and ``sweep_layers`` removes those whose users all died. A process forked
+from the driver holds a copy of every lock until it executes a program or ends, so that a letting go at that moment
+would wrongly find the layer held: a forked child drops its copies at once (``os.register_at_fork``), and a letting go
+that finds the layer held looks again a few times in the next seconds (``_Reaper``), for the children that run no
+Python between their fork and their program (``vfork``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +49,7 @@ class OverlayUnavailable(RuntimeError):
     """This host cannot give a forked env a copy-on-write view (the caller copies the workspace instead)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Layer:
     """A frozen layer, ``folder/tree``, held by this env through a shared lock on ``folder/users.lock``."""
 
@@ -61,14 +67,14 @@ class Layer:
         (the same filesystem: no byte is copied); held by the caller."""
         folder = Path(tempfile.mkdtemp(prefix=LAYER_PREFIX, dir=parent))
         layer = cls(folder)
-        layer.fd = _lock(folder, fcntl.LOCK_SH)
+        layer._hold()
         os.rename(source, layer.tree)
         return layer
 
     def share(self) -> Layer:
         """Another hold on this layer (for a child that uses it too)."""
         other = Layer(self.folder)
-        other.fd = _lock(self.folder, fcntl.LOCK_SH)
+        other._hold()
         return other
 
     @classmethod
@@ -77,19 +83,83 @@ class Layer:
         if not folder.is_dir():
             raise FileNotFoundError(folder)
         layer = cls(folder)
-        layer.fd = _lock(folder, fcntl.LOCK_SH)
+        layer._hold()
         if not layer.tree.is_dir():  # removed while this waited for its lock
             layer.release()
             raise FileNotFoundError(folder)
         return layer
 
+    def _hold(self) -> None:
+        self.fd = _lock(self.folder, fcntl.LOCK_SH)
+        _HOLDING.add(self)
+
     def release(self) -> None:
         """Let go of this hold; remove the layer when no other env holds it. Idempotent."""
         if self.fd is None:
             return
+        _HOLDING.discard(self)
         os.close(self.fd)
         self.fd = None
-        _remove_if_unused(self.folder)
+        if not _remove_if_unused(self.folder):
+            _REAPER.look_again(self.folder)
+
+
+_HOLDING: weakref.WeakSet[Layer] = weakref.WeakSet()
+"""This process's holds on layers (each an open lock)."""
+
+
+def _drop_copied_holds() -> None:
+    """In a child just forked from this process: close the copies of the parent's locks (the parent still holds
+    them), so that the parent's letting go is not taken for another user's hold while the child lives."""
+    for layer in list(_HOLDING):
+        with contextlib.suppress(OSError):
+            os.close(layer.fd)  # type: ignore[arg-type]
+        layer.fd = None
+    _HOLDING.clear()
+    global _REAPER
+    _REAPER = _Reaper()  # the parent's, whose thread did not come along, looks after the parent's layers
+
+
+class _Reaper:
+    """Looks again, a few times in the next seconds, at layers that a letting go found held: the holder may have been
+    a copy of a lock in a process forked a moment before, gone once that process executes its program."""
+
+    DELAYS = (0.05, 0.2, 1.0, 3.0, 10.0)
+    """Seconds after a letting go at which the layer is looked at again (after the last, ``sweep_layers`` remains)."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Path]] = []
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def look_again(self, folder: Path) -> None:
+        """Try to remove ``folder`` again at each of ``DELAYS`` until it is unused."""
+        with self._changed:
+            self._due.append((time.monotonic() + self.DELAYS[0], 0, folder))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="mlgym-registry-layer-reaper", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due:
+                    self._changed.wait()
+                self._due.sort(key=lambda entry: entry[0])
+                when, attempt, folder = self._due[0]
+                wait = when - time.monotonic()
+                if wait > 0:
+                    self._changed.wait(wait)
+                    continue
+                self._due.pop(0)
+            if not _remove_if_unused(folder) and attempt + 1 < len(self.DELAYS):
+                with self._changed:
+                    self._due.append((time.monotonic() + self.DELAYS[attempt + 1], attempt + 1, folder))
+
+
+_REAPER = _Reaper()
+os.register_at_fork(after_in_child=_drop_copied_holds)
 
 
 def _lock(folder: Path, how: int) -> int:
