@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -217,10 +218,48 @@ def _leftovers(pids, root) -> list:
     return alive + ([str(root)] if root.exists() else [])
 
 
+def gone_within(pids, root, ceiling: float = 60.0) -> list:
+    """``_leftovers`` once they are gone, or what is left after ``ceiling`` seconds (a ceiling for a loaded machine:
+    an owner that ends sends its kills as it goes, and the kernel takes the processes down after)."""
+    deadline = time.monotonic() + ceiling
+    while _leftovers(pids, root) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _leftovers(pids, root)
+
+
+def named(pids, name: str) -> list[int]:
+    """Those of ``pids`` that run the program ``name``."""
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).name() == name:
+                found.append(pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def wait_for_sleeps(shell_pid: int, count: int, ceiling: float = 60.0) -> list[int]:
+    """The ``sleep`` processes below the shell once ``count`` of them run (a ``&`` returns before its program has
+    started)."""
+    deadline = time.monotonic() + ceiling
+    while True:
+        sleeps = named([p.pid for p in psutil.Process(shell_pid).children(recursive=True)], "sleep")
+        if len(sleeps) >= count or time.monotonic() > deadline:
+            return sleeps
+        time.sleep(0.02)
+
+
 def _start_stragglers(env: LocalBackend) -> list[int]:
     env.communicate("sleep 1000 >/dev/null 2>&1 &")
     env.communicate("setsid sleep 1001 >/dev/null 2>&1 &")  # leaves the shell's session
-    time.sleep(0.2)
+    cgroup = env._res.cgroup
+    if cgroup is None:  # the setsid one is no longer below the shell: only the first is awaited
+        wait_for_sleeps(env._res.session.shell_pid, 1)
+    else:
+        deadline = time.monotonic() + 60
+        while len(named(cgroup.members(), "sleep")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
     pids = [p.pid for p in session_tree(env)]
     cgroup = env._res.cgroup
     return pids + (sorted(cgroup.members()) if cgroup else [])
@@ -280,8 +319,8 @@ def owner_script(src, ending: str) -> str:
         env = LocalBackend(tiny_spec(Path({str(src)!r})))
         env.reset()
         env.communicate("sleep 1000 >/dev/null 2>&1 &")
-        import psutil
-        sleep = [p.pid for p in psutil.Process(env._res.session.shell_pid).children() if p.name() == "sleep"][0]
+        from test_local_faults import wait_for_sleeps
+        (sleep,) = wait_for_sleeps(env._res.session.shell_pid, 1)
         print(json.dumps({{"root": str(env._res.root), "shell": env._res.session.shell_pid, "sleep": sleep}}),
               flush=True)
         {ending}
@@ -295,11 +334,9 @@ def test_interpreter_exit_leaves_nothing(tmp_path, ending):
     src.mkdir()
     script = owner_script(src, ending)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout, done.stderr
     facts = json.loads(done.stdout.splitlines()[0])
-    time.sleep(0.2)
-    from pathlib import Path
-
-    assert _leftovers([facts["shell"], facts["sleep"]], Path(facts["root"])) == []
+    assert gone_within([facts["shell"], facts["sleep"]], Path(facts["root"])) == []
 
 
 def test_sigkilled_owner_leaves_nothing_once_the_next_backend_starts(tmp_path):
@@ -320,10 +357,9 @@ def test_sigkilled_owner_leaves_nothing_once_the_next_backend_starts(tmp_path):
     with LocalBackend(tiny_spec(tmp_path / "next")) as env:
         env.reset()  # starting a backend sweeps what the dead owner left
         has_cgroup = env._res.cgroup is not None
-    time.sleep(0.2)
     assert not os.path.exists(facts["root"])
     if has_cgroup:  # the dead owner's background processes are found through its cgroup
-        assert not psutil.pid_exists(facts["sleep"]) or psutil.Process(facts["sleep"]).status() == "zombie"
+        assert gone_within([facts["sleep"]], Path(facts["root"])) == []
 
 
 def test_a_sweep_while_another_backend_takes_its_owner_lock_spares_it(tmp_path, monkeypatch):
