@@ -60,17 +60,23 @@ def honest_task(tmp_path):
                                submission=weak_tasks.HONEST_SCHEMA)
 
 
+def explained(report) -> str:
+    """Each canary's verdict with what decided it (the evaluator's scores and statuses), for a failing assertion."""
+    return "".join(f"\n{r.canary.name}: {r.verdict} {r.rewards} limits {r.limits} scores {r.scores} statuses "
+                   f"{r.statuses} {r.detail}" for r in report.results) + f"\nnotes: {report.notes}"
+
+
 def test_a_canary_the_machine_failed_is_played_again_and_judged_as_on_a_quiet_machine(tmp_path, failing_machine):
     # the farming canary validates again and again: one validate lost to the machine paid less than the others, and
     # its verdict read 'ok' where mlgym_score_delta's documented farming is the truth (CI, at load 20+)
     names = ["validate_repeatedly"]
-    quiet = {r.canary.name: r.verdict for r in audit(honest_task(tmp_path / "a"), rewards=["mlgym_score_delta"],
-                                                      canaries=names).results}
-    assert quiet["validate_repeatedly"] == DOCUMENTED_FARMING
+    quiet_report = audit(honest_task(tmp_path / "a"), rewards=["mlgym_score_delta"], canaries=names)
+    quiet = {r.canary.name: r.verdict for r in quiet_report.results}
+    assert quiet["validate_repeatedly"] == DOCUMENTED_FARMING, explained(quiet_report)
     failing_machine.failures = 2  # the reference's first evaluation, then the next play's
     report = audit(honest_task(tmp_path / "b"), rewards=["mlgym_score_delta"], canaries=names,
                    backend="local_failing_machine")
-    assert {r.canary.name: r.verdict for r in report.results} == quiet
+    assert {r.canary.name: r.verdict for r in report.results} == quiet, explained(report) + explained(quiet_report)
     assert all(INFRA_ERROR not in r.statuses for r in report.results)
 
 
