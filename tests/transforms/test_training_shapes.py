@@ -281,7 +281,9 @@ def test_llm_collector_over_a_threaded_env_pool_groups_episodes_by_query(made):
 @pytest.mark.slow
 def test_factories_work_in_spawned_workers_with_torchrl_defaults():
     """``functools.partial(registry.make, ...)`` in a multiprocessing env pool, and ``EnvFactory`` in a multi-process
-    collector, with TorchRL's default settings; nothing is left running after close."""
+    collector, with TorchRL's default settings; nothing is left running after close. One worker each: what is checked
+    is that a spawned interpreter rebuilds the env from what it was given (each worker costs a fresh interpreter's
+    imports), and test_pools and test_collectors play several workers side by side."""
     from torchrl.collectors import Collector
     from torchrl.collectors.llm import LLMCollector
     from torchrl.envs import AsyncEnvPool
@@ -289,7 +291,7 @@ def test_factories_work_in_spawned_workers_with_torchrl_defaults():
     from mlgym_registry.interop.torchrl.env_factory import EnvFactory
 
     before = set(multiprocessing.active_children())  # the session's background replays run in worker processes
-    pool = AsyncEnvPool([functools.partial(registry.make, "prisonersDilemma")] * 2, backend="multiprocessing")
+    pool = AsyncEnvPool([functools.partial(registry.make, "prisonersDilemma")], backend="multiprocessing")
     collector = LLMCollector(pool, policy=Submit(), dialog_turns_per_batch=2, total_dialog_turns=2,
                              yield_completed_trajectories=True)
     episodes = list(collector)
@@ -298,7 +300,7 @@ def test_factories_work_in_spawned_workers_with_torchrl_defaults():
     assert episodes and all(e["query"][0] == "prisonersDilemma" for e in episodes)
 
     factory = EnvFactory.from_spec("prisonersDilemma")
-    collector = Collector([factory, factory], Submit(), frames_per_batch=2, total_frames=4, num_collectors=2,
+    collector = Collector([factory], Submit(), frames_per_batch=2, total_frames=4, num_collectors=1,
                           backend="process")
     batches = list(collector)
     collector.shutdown()
