@@ -127,6 +127,45 @@ def test_a_farmable_reward_fails_the_audit_unless_it_is_documented(tmp_path, reg
     assert farmed.limits[BEST] == pytest.approx(0.075)  # the best score minus a baseline set just below it
 
 
+PREPARED = """\
+import shutil
+shutil.copy("prepared.csv", "submission.csv")
+"""
+"""A baseline that submits the labels the test prepared (``prepared.csv``, written once the split is known)."""
+
+
+@pytest.mark.parametrize("validate_rows_right", [True, False])
+def test_farming_is_judged_whatever_rows_validate_and_submit_score(tmp_path, validate_rows_right):
+    """Validate and submit score disjoint rows (held_out): a submission right on one part and wrong on the other is
+    scored 1.0 at every validate and 0.0 at submit, or the reverse. A reward that pays every validate still farms,
+    and the one that pays improvements still does not, whichever part the submission got right."""
+    from mlgym_registry.episodes.episode import env_parts
+    from mlgym_registry.integrity.auditor import SEED
+
+    spec = weak_tasks.csv_task(tmp_path / "task", weak_tasks.HONEST_EVALUATOR, "lopsidedLabels", baseline=PREPARED,
+                               submission=weak_tasks.HONEST_SCHEMA)
+    spec = spec.replace(starter_code=[*spec.starter_code, "prepared.csv"])
+    (tmp_path / "task" / "prepared.csv").write_text("id,label\n")
+    env = registry.make(spec)  # the split of the farming canary's episode: the audit's seed, on an env made as it is
+    try:
+        env.set_seed(SEED)
+        env.reset()
+        split = env_parts(env)[0].backend.row_split()
+    finally:
+        env.close()
+    answers = [line.split(",") for line in (tmp_path / "task" / "answers.csv").read_text().split()[1:]]
+    labels = [(i, y if split.keeps(i, "validate") == validate_rows_right else str(1 - int(y))) for i, y in answers]
+    (tmp_path / "task" / "prepared.csv").write_text("id,label\n" + "".join(f"{i},{y}\n" for i, y in labels))
+
+    report = audit(spec, rewards=["mlgym_score_delta", BEST], canaries=["validate_repeatedly"])
+    farmed = report.results[-1]
+    validates, submitted = [s["accuracy"] for s in farmed.scores[:-1]], farmed.scores[-1]["accuracy"]
+    assert validates == [1.0 if validate_rows_right else 0.0] * len(validates) and len(validates) > 1, farmed
+    assert submitted == (0.0 if validate_rows_right else 1.0), farmed
+    assert farmed.verdict == DOCUMENTED_FARMING, farmed.detail
+    assert "mlgym_score_delta summed" in farmed.detail and f"{BEST} summed" not in farmed.detail
+
+
 class ExtraCanaries:
     """A plugin's canary set: one canary for tasks that hide answers."""
 

@@ -482,19 +482,23 @@ def _judge_trust(result: CanaryResult, run: Played) -> None:
 
 def _judge_farming(result: CanaryResult, run: Played, assigners: dict[str, Callable[[], Any]], spec: TaskSpec,
                    farmable: set[str]) -> CanaryResult:
-    """Farming is judged as if the baseline were below the submission's score (by ``margin``), so that each
-    evaluation is an improvement: a reward that pays every validate then sums above its promise (the best score
-    minus that baseline), one that pays improvements does not. Read from the episode's own evaluator results."""
+    """Farming is judged as if the baseline were below every score of the episode (by ``margin``), so that each
+    evaluation pays: a reward that pays every validate then sums above its promise (the best score minus that
+    baseline), one that pays improvements does not. Below *every* score, not the first: validate and submit may
+    score different rows (``held_out``), and a submission scored far below its validates would otherwise pay less
+    than the validates paid, hiding their farming. Read from the episode's own evaluator results."""
     from ..scores import honest_reward, lower_is_better
 
     good = [s for s in run.scores if s]
     if not good:
         result.verdict, result.detail = ERROR, "the farmed submission was never scored" + _evaluator_said(run)
         return result
-    best = good[0]
     sign = 1.0 if lower_is_better(spec) else -1.0
-    margin = {k: max(1e-3, 0.1 * abs(v)) for k, v in best.items()}
-    lowered = spec.replace(baseline_scores=[{k: v + sign * margin[k] for k, v in best.items()}])
+    worst_of = max if sign > 0 else min
+    worst = {k: worst_of(s[k] for s in good if isinstance(s.get(k), (int, float))) for k, v in good[0].items()
+             if isinstance(v, (int, float))}
+    margin = {k: max(1e-3, 0.1 * abs(v)) for k, v in worst.items()}
+    lowered = spec.replace(baseline_scores=[{k: v + sign * margin[k] for k, v in worst.items()}])
     promise = max(honest_reward(s, lowered) for s in good)
     problems, documented = [], []
     for name, new_reward in assigners.items():
