@@ -742,8 +742,7 @@ HARNESS_DIR = Path(__file__).parent / "harness"
 
 def _end(proc: subprocess.Popen) -> None:
     """Kill a process and everything it started; close its pipes."""
-    leftovers = procs.session_processes(proc.pid) | ({proc.pid} if proc.poll() is None else set())
-    procs.kill_all(leftovers)
+    procs.end_session(proc.pid, lambda: proc.poll() is None)
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()

@@ -10,6 +10,7 @@ import functools
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterable
 
 
@@ -54,6 +55,27 @@ def session_processes(leader: int) -> set[int]:
                 stack.append(child)
     found.discard(leader)
     return found
+
+
+END_WITHIN = 2.0
+"""Seconds ``end_session`` goes on looking for processes of the session that a kill left (a ceiling: it returns as
+soon as none runs)."""
+
+
+def end_session(leader: int, leader_running: Callable[[], bool], within: float = END_WITHIN) -> None:
+    """SIGKILL the session led by ``leader`` (``leader`` too while ``leader_running()``) and everything below it, and
+    look again after each kill until none of it runs: a process killed while it forks may leave a child the look
+    before the kill did not see (``bwrap`` killed in its start-up leaves its half-made sandbox waiting forever for a
+    parent that is gone, outside every cgroup where the driver may make none)."""
+    deadline = time.monotonic() + within
+    while True:
+        running = {pid for pid in session_processes(leader) if alive(pid)}
+        if leader_running() and alive(leader):
+            running.add(leader)
+        if not running or time.monotonic() > deadline:
+            return
+        kill_all(running)
+        time.sleep(0.001)  # the kernel takes them down meanwhile
 
 
 def first_descendant_named(ancestor: int, name: str) -> list[int]:
