@@ -11,6 +11,7 @@ from tensordict.nn import TensorDictModuleBase
 
 from mlgym_registry import registry
 from mlgym_registry.errors import EnvMisuseError
+from mlgym_registry.scale.workers import warm_workers
 
 
 def fenced(command: str) -> str:
@@ -127,7 +128,8 @@ def test_a_fork_point_makes_the_children_of_a_multiprocessing_async_env_pool(epi
     _, td = respond(parent, respond_td, fenced("echo carried > note.txt && export CARRIED=yes"))
     point = parent.fork_point()
     try:
-        pool = AsyncEnvPool([point] * 2, backend="multiprocessing")
+        with warm_workers():  # forked from the preloaded server: the point reaches each worker pickled all the same
+            pool = AsyncEnvPool([point] * 2, backend="multiprocessing")
     finally:
         point.close()  # the workers' envs hold the frozen files now
     try:
@@ -171,7 +173,8 @@ def test_children_made_to_resume_are_driven_by_llm_collector_from_the_branch(spe
     finally:
         parent.close()  # the point holds the frozen files
     try:
-        pool = AsyncEnvPool([point] * 2, backend=backend)
+        with warm_workers():
+            pool = AsyncEnvPool([point] * 2, backend=backend)
     finally:
         point.close()
     collector = LLMCollector(pool, policy=CatNote(), dialog_turns_per_batch=1, total_dialog_turns=-1,

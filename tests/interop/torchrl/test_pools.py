@@ -206,8 +206,14 @@ def play_parallel(lengths: tuple[int, ...], steps: int, **options) -> None:
     before = descendants()
     with warm_workers():
         env = ParallelEnv(count, [functools.partial(registry.make, TASK, max_turns=k) for k in lengths], **options)
+        try:
+            # ParallelEnv starts its workers at its first reset: outside the block they would be spawned, each a
+            # fresh interpreter importing torch and TorchRL (docs/scaling.md)
+            td = env.reset()
+        except BaseException:
+            env.close()
+            raise
     try:
-        td = env.reset()
         assert [td["history", "prompt"][i].batch_size[-1] for i in range(count)] == [2] * count
         for step in range(1, steps + 1):
             td["text", "response"] = [["DISCUSSION\nLook.\n```\nls\n```"]] * count
