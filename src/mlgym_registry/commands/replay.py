@@ -18,7 +18,6 @@ from the recorded windows are only the agent's own: the evaluator, protected fil
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -358,7 +357,12 @@ def main_many(args: argparse.Namespace, paths: list[Path]) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
     from ..registry import registry
+    from ..scale.workers import warm_context
 
+    # the workers: never a plain fork of a process that may hold threads and envs, but forks of the warm server
+    # (scale/workers.py), which imports torch and TorchRL once while this process checks the files, not spawned
+    # interpreters that each import them again (4-5 s of CPU a worker)
+    context = warm_context()
     plans: list[tuple[Path, ReplayPlan]] = []
     for path in paths:
         recorded = load_recorded(path)  # every file is checked before any replay starts
@@ -377,7 +381,6 @@ def main_many(args: argparse.Namespace, paths: list[Path]) -> int:
                 name += "_"
             used.add(name)
             folders.append(out / name)
-        context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads and envs
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
             futures = [pool.submit(_replay_in_worker, path, plan.task, folder, plan.warnings,
                                    {"max_steps": plan.max_steps, "seed": plan.seed, "options": plan.options,

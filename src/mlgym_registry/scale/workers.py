@@ -100,6 +100,14 @@ def _short_socket_folder() -> None:
     config["tempdir"] = folder
 
 
+def warm_context() -> Any:
+    """The multiprocessing context whose processes start warm (``worker_start_method()``), its fork server started
+    (in the background) where it has one: for a pool this package builds itself (``ProcessPoolExecutor(...,
+    mp_context=warm_context())``), where ``warm_workers()`` is for TorchRL's classes, which read the default."""
+    start_worker_server()
+    return multiprocessing.get_context(worker_start_method())
+
+
 @contextmanager
 def warm_workers() -> Iterator[str]:
     """Make multiprocessing's default start method the warm one (``forkserver``) within the block, and yield it.
@@ -167,10 +175,7 @@ class WorkerPool:
     """
 
     def __init__(self, size: int, target: Callable[[Any, Report], Any]):
-        method = worker_start_method()
-        if method == "forkserver":
-            start_worker_server()
-        self.context = multiprocessing.get_context(method)
+        self.context = warm_context()
         self.target = target
         self.inboxes: list[Any] = []
         self.outboxes: list[Any] = []
