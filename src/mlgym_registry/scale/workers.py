@@ -114,9 +114,10 @@ def warm_workers() -> Iterator[str]:
 
     TorchRL's multi-process ``Collector`` and ``AsyncEnvPool(backend="multiprocessing")`` start their workers with
     the default start method (``spawn``, which TorchRL sets when it is imported): build them inside the block. The
-    processes keep the start method they were built with after the block. The default is process-wide, so other
-    threads starting processes during the block get it too. Give the workers' env factories through
-    ``WithParentEnviron``: a worker forked from the server has the environment the server started with.
+    processes keep the start method they were built with after the block. ``ParallelEnv`` reads it later, when its
+    first reset starts its workers: give it ``mp_start_method=`` the method this yields. The default is
+    process-wide, so other threads starting processes during the block get it too. Give the workers' env factories
+    through ``WithParentEnviron``: a worker forked from the server has the environment the server started with.
     """
     method = worker_start_method()
     previous = multiprocessing.get_start_method(allow_none=True)
