@@ -94,10 +94,10 @@ def test_parallel_env_over_the_factory():
     from mlgym_registry.scale.workers import warm_workers
 
     factories = [EnvFactory.from_spec("battleOfSexes"), EnvFactory.from_spec("battleOfSexes")]
-    env = ParallelEnv(2, factories, use_buffers=False, consolidate=False)
+    with warm_workers() as method:  # forked workers (test_factories_work_in_spawned_workers spawns them)
+        env = ParallelEnv(2, factories, use_buffers=False, consolidate=False, mp_start_method=method)
     try:
-        with warm_workers():  # its workers start at its first reset (test_factories_work_in_spawned_workers spawns)
-            td = env.reset()
+        td = env.reset()
         assert td.batch_size == (2, 1)  # two workers, each env with ChatEnv's batch size (1,)
         td["text", "response"] = [["DISCUSSION\nlook\n```\nls\n```"]] * 2
         td = env.step(td)

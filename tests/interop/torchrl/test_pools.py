@@ -52,6 +52,20 @@ def descendants() -> set[int]:
     return found
 
 
+def spawned_children() -> list[list[str]]:
+    """The command lines of this process's children that multiprocessing spawned (fresh interpreters), where
+    ``warm_workers`` forks them from its server instead."""
+    found = []
+    for child in psutil.Process().children():
+        try:
+            command = child.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "spawn_main" in " ".join(command):
+            found.append(command)
+    return found
+
+
 def assert_nothing_left(before: set[int], timeout: float = 120.0) -> None:
     """Every process started since ``before`` has ended (sandboxes end as soon as their env closes; a worker process
     may take a moment to exit, and on a loaded 2-core machine more than 10 s: the ceiling is generous, the wait ends
@@ -204,16 +218,15 @@ def play_parallel(lengths: tuple[int, ...], steps: int, **options) -> None:
 
     count = len(lengths)
     before = descendants()
-    with warm_workers():
-        env = ParallelEnv(count, [functools.partial(registry.make, TASK, max_turns=k) for k in lengths], **options)
-        try:
-            # ParallelEnv starts its workers at its first reset: outside the block they would be spawned, each a
-            # fresh interpreter importing torch and TorchRL (docs/scaling.md)
-            td = env.reset()
-        except BaseException:
-            env.close()
-            raise
+    with warm_workers() as method:
+        # ParallelEnv starts its workers at its first reset: without the method they would be spawned there, each a
+        # fresh interpreter importing torch and TorchRL again (docs/scaling.md)
+        env = ParallelEnv(count, [functools.partial(registry.make, TASK, max_turns=k) for k in lengths],
+                          mp_start_method=method, **options)
     try:
+        td = env.reset()
+        if method == "forkserver":  # MLGYM_REGISTRY_WORKER_START=spawn asks for spawned ones
+            assert not spawned_children(), "ParallelEnv spawned its workers instead of forking them from the server"
         assert [td["history", "prompt"][i].batch_size[-1] for i in range(count)] == [2] * count
         for step in range(1, steps + 1):
             td["text", "response"] = [["DISCUSSION\nLook.\n```\nls\n```"]] * count
