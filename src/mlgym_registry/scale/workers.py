@@ -119,10 +119,8 @@ def warm_workers() -> Iterator[str]:
     process-wide, so other threads starting processes during the block get it too. Give the workers' env factories
     through ``WithParentEnviron``: a worker forked from the server has the environment the server started with.
     """
-    method = worker_start_method()
+    method = warm_context().get_start_method()
     previous = multiprocessing.get_start_method(allow_none=True)
-    if method == "forkserver":
-        start_worker_server()
     multiprocessing.set_start_method(method, force=True)
     try:
         yield method
