@@ -371,6 +371,11 @@ def folder_identity(path: Path) -> tuple[int, int] | None:
 _PROMISED: dict[str, int] = {}
 """This process's live envs: private folder -> ``memory_limit_mb``."""
 
+class MemoryOvercommitWarning(RuntimeWarning):
+    """The memory limits of the envs on this machine, every process's, add up to more than its memory. It says what
+    the machine holds now, not what the code asked: filter it by this class, never turn it into an error."""
+
+
 OVERCOMMITTED = (
     "the memory limits of the {count} envs on this machine add up to {promised} MB, more than its {total} MB of "
     "memory: when they use it, the kernel's OOM killer will kill envs' processes (each sandboxed process is its first "
@@ -414,7 +419,8 @@ def warn_if_overcommitted(memory: limits_mod.MemoryCgroup | None) -> bool:
         return False
     if not _warned:
         _warned.append(True)
-        warnings.warn(OVERCOMMITTED.format(count=count, promised=promised, total=total), RuntimeWarning, stacklevel=4)
+        warnings.warn(OVERCOMMITTED.format(count=count, promised=promised, total=total), MemoryOvercommitWarning,
+                      stacklevel=4)
     return True
 
 
