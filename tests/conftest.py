@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import cli_commands
 import pytest
 from mlgym_fixtures import engine, mlgym_checkout, no_mlgym  # noqa: F401 - fixtures for every test module
 from outside_data import RECORDED
@@ -119,10 +120,19 @@ def run_python(code: str, env: dict[str, str] | None = None,
 
 def run_cli(*args: str, env: dict[str, str] | None = None,
             timeout: float = SUBPROCESS_CEILING) -> subprocess.CompletedProcess:
-    """Run ``mlgym-registry ARGS`` as a user would (a fresh process)."""
-    return subprocess.run(
-        [sys.executable, "-m", "mlgym_registry.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
-    )
+    """Run ``mlgym-registry ARGS`` as a user would, in a process of its own: forked from this test process's command
+    server, which has imported torch and TorchRL once, or a fresh interpreter where that would differ (see
+    ``cli_commands.py``). A test of what only a fresh interpreter shows starts one itself."""
+    return cli_commands.run_cli(args, env, timeout)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def command_server(tmp_path_factory):
+    """The command server ``run_cli`` forks commands from: it starts with the first command and ends with the
+    session."""
+    cli_commands.configure(tmp_path_factory.mktemp("cli-commands"))
+    yield
+    cli_commands.close_shared()
 
 
 def xdist_worker() -> str | None:

@@ -2,7 +2,7 @@
 
 - ```python blocks run in order, in one namespace per page, in a temporary working directory;
 - ```bash blocks: each line is an `mlgym-registry` command, run as `python -m mlgym_registry.cli ARGS` in a process of
-  its own that must exit 0 (forked from a server that has imported torch and TorchRL once, see `cli_server.py`);
+  its own that must exit 0 (forked from a server that has imported torch and TorchRL once, see `cli_commands.py`);
 - ```yaml blocks must parse; a task (a mapping with an `id`) must load with `load_task_yaml`, and its text is
   available to the page's later Python blocks as `TASK_YAML`;
 - ```toml blocks must parse;
@@ -12,19 +12,15 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import select
 import shlex
-import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+import cli_commands
 import pytest
 import yaml
+from cli_commands import CommandServer
 
 from mlgym_registry import load_task_yaml
 
@@ -54,76 +50,10 @@ def blocks(page: Path) -> list[tuple[str, str, bool]]:
     return [(m["lang"], m["code"], bool(m["skip"])) for m in BLOCK.finditer(page.read_text())]
 
 
-EPISODE_COMMANDS = {"run", "replay", "bench", "report"}
-"""Sub-commands that play episodes (``report``: the noise band), whose processes import torch and TorchRL: the command
-server imports them before the first of these (the others, ``list``, ``show``..., never need them)."""
-
-COMMAND_CEILING = 600.0
-"""Seconds a command may take before it counts as hung (not a timing: see tests/conftest.py's SUBPROCESS_CEILING)."""
-
-
-class CommandServer:
-    """Runs ``mlgym-registry`` command lines through ``cli_server.py``, started on the first one and kept for the
-    session: each command is ``mlgym_registry.cli`` run as ``__main__`` in a process forked from it, with the test's
-    working folder and environment; its output goes to files in ``folder``."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.server: subprocess.Popen | None = None
-        self.count = 0
-
-    def run(self, words: list[str], cwd: Path) -> tuple[int, str, str]:
-        """``(exit status, stdout, stderr)`` of ``mlgym-registry WORDS`` run in ``cwd``."""
-        command = next((word for word in words if not word.startswith("-")), None)
-        self.count += 1
-        stdout, stderr = (self.folder / f"{self.count}.{name}" for name in ("out", "err"))
-        self._send({"argv": words, "cwd": str(cwd), "env": dict(os.environ), "stdout": str(stdout),
-                    "stderr": str(stderr), "preload": command in EPISODE_COMMANDS})
-        pid = self._receive(COMMAND_CEILING)["pid"]
-        try:
-            code = self._receive(COMMAND_CEILING)["exit"]
-        except subprocess.TimeoutExpired:
-            os.kill(pid, signal.SIGKILL)
-            self._receive(COMMAND_CEILING)
-            raise
-        return code, stdout.read_text(errors="replace"), stderr.read_text(errors="replace")
-
-    def _send(self, request: dict) -> None:
-        if self.server is None or self.server.poll() is not None:
-            with (self.folder / "server.log").open("ab") as log:
-                self.server = subprocess.Popen(
-                    [sys.executable, str(Path(__file__).with_name("cli_server.py"))], stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=log, bufsize=0,
-                )
-        data = memoryview(json.dumps(request).encode() + b"\n")
-        while data:  # a raw pipe may take part of it at a time
-            data = data[self.server.stdin.write(data):]
-
-    def _receive(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self.server.stdout], [], [], timeout)
-        if not ready:
-            raise subprocess.TimeoutExpired("mlgym-registry", timeout)
-        line = self.server.stdout.readline()
-        if not line:
-            log = (self.folder / "server.log").read_text(errors="replace")
-            raise RuntimeError(f"the command server ended (exit status {self.server.wait()}):\n{log}")
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stdin.close()
-            try:
-                self.server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
-                self.server.wait()
-
-
 @pytest.fixture(scope="session")
-def commands(tmp_path_factory):
-    server = CommandServer(tmp_path_factory.mktemp("docs-commands"))
-    yield server
-    server.close()
+def commands() -> CommandServer:
+    """The test process's command server (``cli_commands.py``), shared with ``run_cli``."""
+    return cli_commands.shared()
 
 
 def run_shell(code: str, cwd: Path, commands: CommandServer) -> None:

@@ -1,5 +1,5 @@
-"""Runs the docs' ``mlgym-registry`` command lines for tests/docs/test_docs.py, each in a process of its own forked
-from this one, as ``python -m mlgym_registry.cli ARGS`` would run it.
+"""Runs the tests' ``mlgym-registry`` command lines (``run_cli`` and the docs' shell blocks, see ``cli_commands.py``),
+each in a process of its own forked from this one, as ``python -m mlgym_registry.cli ARGS`` would run it.
 
 A command that plays an episode spends most of a short run importing torch, tensordict, TorchRL and transformers
 (about 5 s of a 7 s ``run`` on an idle 2-core machine, several times that on a loaded one). This server imports them
@@ -8,9 +8,9 @@ them, instead of a fresh interpreter that imports them again. Nothing of this pa
 imports ``mlgym_registry``, loads its plugins and runs ``mlgym_registry.cli`` as ``__main__`` in its own process, with
 its own working folder, environment, standard streams and exit status.
 
-Protocol, one JSON object a line: the test writes ``{"argv", "cwd", "env", "stdout", "stderr", "preload"}`` to this
-process's standard input; it answers ``{"pid": PID}`` when the command's process is started, then ``{"exit": CODE}``
-(``-N`` for a process that signal N ended) when it is over. It ends at the end of its input.
+Protocol, one JSON object a line: the test writes ``{"argv", "cwd", "env", "umask", "stdout", "stderr", "preload"}``
+to this process's standard input; it answers ``{"pid": PID}`` when the command's process is started, then
+``{"exit": CODE}`` (``-N`` for a process that signal N ended) when it is over. It ends at the end of its input.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def run_command(request: dict) -> None:
     code = 1
     try:
         os.chdir(request["cwd"])
+        os.umask(request["umask"])
         os.environ.clear()
         os.environ.update(request["env"])
         import random
