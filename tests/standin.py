@@ -534,7 +534,7 @@ class MLGymEnv(gym.Env):
         self.calls.append(("close",))
         if self.container is not None and self.container.poll() is None:
             self.communicate("exit")
-            self.container.wait(timeout=10)
+            self.container.wait(timeout=60)
         if self.container_obj is not None:
             try:
                 self.container_obj.remove(force=True)

@@ -172,7 +172,7 @@ def test_fork_bomb_is_limited(tmp_path):
         assert not done and time.monotonic() - start < 120  # a ceiling for a loaded machine, not a timing
         peak = max(len(session_tree(env)) for _ in range(5))
         assert peak <= 64
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # a ceiling for a loaded machine
         while env._res.session.processes() and time.monotonic() < deadline:
             env.step("true")
         assert env._res.session.processes() == set()

@@ -53,7 +53,7 @@ def busy_loops(env: LocalBackend) -> list[psutil.Process]:
     return found
 
 
-def wait_for_loops(env: LocalBackend, count: int, within: float = 30) -> list[psutil.Process]:
+def wait_for_loops(env: LocalBackend, count: int, within: float = 120) -> list[psutil.Process]:
     """``env``'s busy loops once ``count`` of them run (``setsid`` and ``nohup`` take a moment to become them)."""
     deadline = time.monotonic() + within
     while len(loops := busy_loops(env)) < count and time.monotonic() < deadline:
@@ -61,7 +61,7 @@ def wait_for_loops(env: LocalBackend, count: int, within: float = 30) -> list[ps
     return loops
 
 
-def wait_for_child(env: LocalBackend, name: str, within: float = 30) -> psutil.Process:
+def wait_for_child(env: LocalBackend, name: str, within: float = 120) -> psutil.Process:
     """The first process called ``name`` among ``env``'s session's descendants (it may still be starting)."""
     deadline = time.monotonic() + within
     while True:
@@ -75,7 +75,7 @@ def wait_for_child(env: LocalBackend, name: str, within: float = 30) -> psutil.P
         time.sleep(0.05)
 
 
-def wait_for_member(env: LocalBackend, name: str, within: float = 30) -> list[int]:
+def wait_for_member(env: LocalBackend, name: str, within: float = 120) -> list[int]:
     """The processes called ``name`` in ``env``'s agent cgroup (they may still be starting)."""
     deadline = time.monotonic() + within
     while True:
@@ -118,7 +118,7 @@ def own_paths(env: LocalBackend) -> dict[str, str]:
     return expected
 
 
-def gone(pids: list[int], within: float = 10.0) -> bool:
+def gone(pids: list[int], within: float = 120.0) -> bool:
     """Whether none of ``pids`` runs any more (a zombie waiting for its reaper does not run) within ``within``
     seconds: a reset sends SIGKILL and does not wait for the processes to exit (``cgroups.Envelope.kill``), which on a
     loaded machine takes them a moment."""

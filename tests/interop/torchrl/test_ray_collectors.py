@@ -95,7 +95,7 @@ def test_cpus_held_by_someone_else_fail_after_the_wait(session):
     wait_until_idle(session)
     # reserves every CPU, with no process behind it
     held = placement_group([{"CPU": ray.cluster_resources().get("CPU", 0.0)}])
-    ray.get(held.ready(), timeout=30)
+    ray.get(held.ready(), timeout=PROMPTLY)
     try:
         started = time.monotonic()
         with pytest.raises(RayResourceError, match="cannot be placed now"):
