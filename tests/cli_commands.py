@@ -23,10 +23,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-EPISODE_COMMANDS = {"run", "replay", "bench", "report"}
-"""Sub-commands that play episodes (``report``: the noise band), whose processes import torch and TorchRL: the command
-server imports them before the first of these (the others, ``list``, ``show``..., never need them)."""
-
 STARTUP_VARIABLES = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "MALLOC_")
 """Prefixes of the variables an interpreter or the libraries it loads read as they start: a command whose environment
 sets them otherwise than the server's ran with gets a fresh interpreter."""
@@ -51,13 +47,12 @@ class CommandServer:
         """``(exit status, stdout, stderr)`` of ``mlgym-registry WORDS`` run in ``cwd`` (this process's working
         folder by default) with ``env`` (this process's environment by default) and this process's umask."""
         env = dict(os.environ if env is None else env)
-        command = next((word for word in words if not word.startswith("-")), None)
         self.count += 1
         stdout, stderr = (self.folder / f"{self.count}.{name}" for name in ("out", "err"))
         umask = os.umask(0)
         os.umask(umask)
         self._send({"argv": list(words), "cwd": str(cwd or os.getcwd()), "env": env, "umask": umask,
-                    "stdout": str(stdout), "stderr": str(stderr), "preload": command in EPISODE_COMMANDS})
+                    "stdout": str(stdout), "stderr": str(stderr)})
         pid = self._receive(COMMAND_CEILING)["pid"]
         try:
             try:

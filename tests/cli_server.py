@@ -3,14 +3,14 @@ each in a process of its own forked from this one, as ``python -m mlgym_registry
 
 A command that plays an episode spends most of a short run importing torch, tensordict, TorchRL and transformers
 (about 5 s of a 7 s ``run`` on an idle 2-core machine, several times that on a loaded one). This server imports them
-once, when the first such command comes (``"preload"``), and every command after it starts from a fork that has
-them, instead of a fresh interpreter that imports them again. Nothing of this package is imported here: each command
-imports ``mlgym_registry``, loads its plugins and runs ``mlgym_registry.cli`` as ``__main__`` in its own process, with
-its own working folder, environment, standard streams and exit status.
+once, as it starts, and every command starts from a fork that has them instead of a fresh interpreter that imports
+them again (a command that needs none of them costs the same either way). Nothing of this package is imported here:
+each command imports ``mlgym_registry``, loads its plugins and runs ``mlgym_registry.cli`` as ``__main__`` in its own
+process, with its own working folder, environment, umask, standard streams and exit status.
 
-Protocol, one JSON object a line: the test writes ``{"argv", "cwd", "env", "umask", "stdout", "stderr", "preload"}``
-to this process's standard input; it answers ``{"pid": PID}`` when the command's process is started, then
-``{"exit": CODE}`` (``-N`` for a process that signal N ended) when it is over. It ends at the end of its input.
+Protocol, one JSON object a line: the test writes ``{"argv", "cwd", "env", "umask", "stdout", "stderr"}`` to this
+process's standard input; it answers ``{"pid": PID}`` when the command's process is started, then ``{"exit": CODE}``
+(``-N`` for a process that signal N ended) when it is over. It ends at the end of its input.
 """
 
 from __future__ import annotations
@@ -89,10 +89,9 @@ def reply(message: dict) -> None:
 
 
 def main() -> None:
+    preload()
     while line := sys.stdin.readline():
         request = json.loads(line)
-        if request.get("preload"):
-            preload()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
