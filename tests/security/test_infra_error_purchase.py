@@ -108,6 +108,12 @@ DRIVER = textwrap.dedent(
     from mlgym_registry.backends.local import LocalBackend
     from mlgym_registry.components.rewards import failure_reward, step_outcome
 
+    def workspace_mode(env):
+        # read while no walk of the driver's runs: the disk guard's walk, like an evaluation's copy, opens a folder
+        # the agent shut by giving it its owner's bits back for a moment, and both hold this lock meanwhile
+        with env._disk.lock:
+            return stat.S_IMODE(os.lstat(env.host_workspace).st_mode)
+
     folder, locks = sys.argv[1], json.loads(sys.argv[2])
     real = registry.spec("prisonersDilemma")
     spec = real.replace(id="miniPrisonersDilemma", root=os.path.join(folder, "task"), max_steps=1000,
@@ -118,12 +124,11 @@ DRIVER = textwrap.dedent(
             env.reset(seed=0)
             env.install_tools()
             env.communicate(command, timeout_duration=30)
-            mode = stat.S_IMODE(os.lstat(env.host_workspace).st_mode)
+            mode = workspace_mode(env)
             obs, _, _, info = env.step("validate")
             print(json.dumps({"lock": name, "uid": os.geteuid(), "status": info.get("evaluation_status"),
                               "outcome": step_outcome(obs, info, spec).kind, "score": info["score"], "obs": obs,
-                              "mode_kept": stat.S_IMODE(os.lstat(env.host_workspace).st_mode) == mode,
-                              "floor": failure_reward(spec)}), flush=True)
+                              "mode_kept": workspace_mode(env) == mode, "floor": failure_reward(spec)}), flush=True)
     finally:
         env.close()
     """
