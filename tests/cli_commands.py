@@ -98,8 +98,8 @@ class CommandServer:
             raise RuntimeError(f"the command server ended (exit status {self.server.wait()}):\n{log}")
         return json.loads(line)
 
-    def close(self) -> None:
-        """End the server (it ends at the end of its input) and remove the output folder."""
+    def stop(self) -> None:
+        """End the server (it ends at the end of its input); the next command starts another."""
         if self.server is not None:
             self.server.stdin.close()
             try:
@@ -109,6 +109,10 @@ class CommandServer:
                 self.server.wait()
             self.server.stdout.close()
             self.server = None
+
+    def close(self) -> None:
+        """End the server and remove the output folder."""
+        self.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -151,6 +155,11 @@ def run_cli(args: tuple[str, ...], env: dict[str, str] | None, timeout: float) -
     be (see the module's docstring), else in a fresh interpreter."""
     command = [sys.executable, "-m", "mlgym_registry.cli", *args]
     server = shared()
+    if env is None and server.runs_as_fresh(None) and server.busy.acquire(blocking=False):
+        try:  # a startup variable of this process changed since the server started: the next server starts with it
+            server.stop()
+        finally:
+            server.busy.release()
     if not server.runs_as_fresh(env) and server.busy.acquire(blocking=False):
         try:
             code, stdout, stderr = server.run(list(args), env=env, timeout=timeout)

@@ -55,10 +55,17 @@ def test_a_forked_command_runs_in_the_tests_folder_with_its_environment_and_umas
     assert (out / "results.json").stat().st_mode & 0o777 == 0o600
 
 
-def test_a_command_whose_interpreter_would_start_differently_gets_a_fresh_one():
+def test_a_command_whose_interpreter_would_start_differently_gets_a_fresh_one(monkeypatch):
     server = cli_commands.shared()
     run_cli("list", "--kind", "backend")  # the server runs now
     assert not server.runs_as_fresh(None)
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore::DeprecationWarning")  # this process's own environment changes
+    assert server.runs_as_fresh(None)
+    started = server.server
+    assert run_cli("list", "--kind", "backend").returncode == 0
+    assert server.server is not started and not server.runs_as_fresh(None)  # a new server, with the new environment
+    monkeypatch.undo()
+    assert run_cli("list", "--kind", "backend").returncode == 0 and not server.runs_as_fresh(None)  # and back
     assert server.runs_as_fresh({**os.environ, "PYTHONPATH": "/elsewhere"})
     assert server.runs_as_fresh({key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}) == \
         ("OMP_NUM_THREADS" in os.environ)
