@@ -77,13 +77,16 @@ def assert_nothing_left(before: set[int], timeout: float = 120.0) -> None:
     assert not left, f"still running: {left}"
 
 
-def collect_episodes(collector, count: int) -> list:
-    """The first ``count`` whole episodes ``collector`` yields (TorchRL 0.14's LLMCollector can stop short of a
-    finite ``total_dialog_turns`` over an AsyncEnvPool, so the collector runs unbounded and is left here)."""
+def collect_episodes(collector, lengths: set[int], ceiling: int = 400) -> list:
+    """Whole episodes from ``collector`` until it has yielded one of every length in ``lengths``, or ``ceiling``
+    episodes (TorchRL 0.14's LLMCollector can stop short of a finite ``total_dialog_turns`` over an AsyncEnvPool, so
+    the collector runs unbounded and is left here). Which env's episode comes next is up to the pool and the load (an
+    env of short episodes may finish several before a long one finishes its first), so the wait is for the event,
+    not for a number of episodes."""
     episodes = []
     for episode in collector:
         episodes.append(episode)
-        if len(episodes) >= count:
+        if {done.batch_size[0] for done in episodes} >= lengths or len(episodes) >= ceiling:
             break
     return episodes
 
@@ -111,8 +114,8 @@ def test_a_dense_pool_under_llm_collector_plays_episodes_of_different_lengths_an
     assert pool.batch_size == (4, 1)
     collector = LLMCollector(pool, policy=Ls(), dialog_turns_per_batch=1, total_dialog_turns=-1,
                              yield_completed_trajectories=True)
-    episodes = collect_episodes(collector, 8)
-    assert {episode.batch_size[0] for episode in episodes} >= {1, 2, 3}
+    episodes = collect_episodes(collector, set(LENGTHS))
+    assert {episode.batch_size[0] for episode in episodes} == set(LENGTHS)  # each env's, and only those
     for episode in episodes:
         turns = episode.batch_size[0]
         assert bool(episode["next", "done"][-1].all()) and not bool(episode["next", "done"][:-1].any())
