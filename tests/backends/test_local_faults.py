@@ -44,7 +44,7 @@ def test_hanging_command_is_killed_with_its_children(tmp_path):
     with make(tmp_path, command_timeout=1) as env:
         start = time.monotonic()
         obs, _, done, _ = env.step("sleep 1000 | cat & sleep 1000")
-        assert time.monotonic() - start < 60  # a generous ceiling on a loaded machine: not killed, it would take 1000 s
+        assert time.monotonic() - start < 300  # a ceiling on a loaded machine: not killed, it would take 1000 s
         assert obs.endswith("\nEXECUTION TIMED OUT BECAUSE THE COMMAND WAS RUNNING FOR MORE THAN 1 SECONDS.")
         assert observation_kind(obs) == "timeout" and not done
         assert [p.name() for p in session_tree(env)] == ["bash"]

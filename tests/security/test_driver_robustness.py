@@ -95,7 +95,7 @@ def test_a_state_function_printing_deeply_nested_json_is_an_unreadable_state(min
         start = time.monotonic()
         with pytest.warns(RuntimeWarning, match="no state JSON line"):
             out = env.step(td)
-        assert time.monotonic() - start < 60  # a ceiling for a loaded machine, not a timing
+        assert time.monotonic() - start < 300  # a ceiling for a loaded machine, not a timing
         state = json.loads(str(out["next", "state"]))
         assert set(state) >= {"open_file", "working_dir"}
     finally:

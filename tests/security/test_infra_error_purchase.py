@@ -271,15 +271,18 @@ def _written(env, pattern: str) -> int:
 
 def test_a_background_writer_past_the_quota_is_stopped_too(make):
     env = make(max_disk_mb=32, max_file_mb=8, command_timeout=60)
-    status(env, "(for i in $(seq 40); do head -c 4000000 /dev/zero > bg$i.bin; sleep 0.25; done) >/dev/null 2>&1 &")
+    status(env, "(for i in $(seq 100000); do head -c 4000000 /dev/zero > bg$((i % 400)).bin; sleep 0.25; done) "
+                ">/dev/null 2>&1 &")  # for far longer than the test: only the guard ends it
     # the guard's note comes with the first command after it stopped the writer: wait for that event (a loaded
     # machine slows the writer down, so no fixed wait would do), with a ceiling far above what it takes
     obs, deadline = "", time.monotonic() + 180
     while "disk quota of 32 MB" not in obs and time.monotonic() < deadline:
         obs, _ = status(env, "sleep 1")
     assert "disk quota of 32 MB" in obs, obs
-    time.sleep(1)
-    assert 32 <= sum(path.stat().st_size for path in env.host_workspace.glob("bg*.bin")) >> 20 < 120
+    sizes = _written(env, "bg*.bin")
+    assert sizes >= 32 << 20, sizes
+    time.sleep(2)  # a writer that still ran would have written 8 more files by now
+    assert _written(env, "bg*.bin") == sizes
     assert shell_answers(env)
     assert validate_outcome(env)[1] == "invalid_submission"  # still over: its files stay until it deletes them
 
