@@ -58,8 +58,8 @@ def test_a_fork_bomb_stops_at_the_process_limit(make):
     assert len(psutil.Process().children(recursive=True)) < before + 64
     if env._res.cgroup is not None:
         assert len(env._res.cgroup.members()) <= 32
-    obs, took = timed(env, "echo ok")
-    assert took < 30 and "ok" in obs.split("\n"), obs
+    obs, _ = timed(env, "echo ok")  # within the command timeout, or a shell the bomb took times out and fails here
+    assert "ok" in obs.split("\n"), obs
     # the limit is noticed when the bomb's own command returns or, if it hit the limit later, with the next one
     assert any("limit of 32 processes" in text or "EXECUTION TIMED OUT" in text for text in (bomb, obs)), (bomb, obs)
     assert_usable(env)
@@ -68,13 +68,12 @@ def test_a_fork_bomb_stops_at_the_process_limit(make):
 
 def test_allocating_more_memory_than_the_limit(make):
     env = make(memory_limit_mb=512, command_timeout=30)
-    obs, took = timed(env, "python -c 'x = bytearray(6 * 2**30); print(\"ALLOC\" + \"ATED\")'")
+    obs, _ = timed(env, "python -c 'x = bytearray(6 * 2**30); print(\"ALLOC\" + \"ATED\")'")
     assert "ALLOCATED" not in obs, obs
     if env._res.memory is not None:  # one limit for the whole env: the kernel kills the process that goes over
         assert "ran out of memory" in obs, obs
     else:  # per-process address space (RLIMIT_AS): the allocation fails
-        assert "MemoryError" in obs, obs
-    assert took < 30
+        assert "MemoryError" in obs, obs  # within the command timeout: a kill that never came times out instead
     assert_usable(env)
     assert_host_fine()
 
