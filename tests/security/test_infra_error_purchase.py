@@ -247,42 +247,48 @@ def shell_answers(env) -> bool:
     return status(env, "echo still here")[0].splitlines()[0] == "still here"
 
 
-def test_a_command_writing_past_the_quota_is_stopped_while_it_runs(make):
-    """Not only at the next evaluation: the disk guard stops the writer while it runs. The writer would write for
-    far longer than the command's timeout, so only the guard can end it before that with the quota's note; how much
-    it wrote first depends on how busy the machine is (the guard is a thread of the driver), so no amount is asserted
-    beyond the quota."""
-    env = make(max_disk_mb=32, max_file_mb=8, command_timeout=600)
-    writer = "for i in $(seq 100000); do head -c 4000000 /dev/zero > f$((i % 400)).bin; sleep 0.25; done; echo finished"
-    obs, _, _, _ = env.step(writer)
-    assert "disk quota of 32 MB" in obs and "finished" not in obs, obs
-    assert "EXECUTION TIMED OUT" not in obs, obs
-    sizes = _written(env, "f*.bin")
+def endless_writer(prefix: str) -> str:
+    """A loop that writes 4 MB files named ``prefix<N>.bin`` four times a second (over 400 names) for far longer than
+    any test or timeout: only the disk guard ends it."""
+    return f"for i in $(seq 100000); do head -c 4000000 /dev/zero > {prefix}$((i % 400)).bin; sleep 0.25; done"
+
+
+def assert_writer_stopped(env, prefix: str) -> None:
+    """The files ``endless_writer(prefix)`` wrote take more than the 32 MB quota and no longer change. How much it
+    wrote before the guard stopped it depends on how busy the machine is (the guard is a thread of the driver), so
+    no amount beyond the quota is asserted."""
+    sizes = written(env, f"{prefix}*.bin")
     assert sizes >= 32 << 20, sizes
     time.sleep(2)  # a writer that still ran would have written 8 more files by now
-    assert _written(env, "f*.bin") == sizes
-    assert shell_answers(env)  # the shell itself was spared
+    assert written(env, f"{prefix}*.bin") == sizes
 
 
-def _written(env, pattern: str) -> int:
+def written(env, pattern: str) -> int:
     """Bytes in the workspace's files that match ``pattern``."""
     return sum(path.stat().st_size for path in env.host_workspace.glob(pattern))
 
 
+def test_a_command_writing_past_the_quota_is_stopped_while_it_runs(make):
+    """Not only at the next evaluation: the disk guard stops the writer while it runs, long before the command's
+    timeout, with the quota's note."""
+    env = make(max_disk_mb=32, max_file_mb=8, command_timeout=600)
+    obs, _, _, _ = env.step(endless_writer("f") + "; echo finished")
+    assert "disk quota of 32 MB" in obs and "finished" not in obs, obs
+    assert "EXECUTION TIMED OUT" not in obs, obs
+    assert_writer_stopped(env, "f")
+    assert shell_answers(env)  # the shell itself was spared
+
+
 def test_a_background_writer_past_the_quota_is_stopped_too(make):
     env = make(max_disk_mb=32, max_file_mb=8, command_timeout=60)
-    status(env, "(for i in $(seq 100000); do head -c 4000000 /dev/zero > bg$((i % 400)).bin; sleep 0.25; done) "
-                ">/dev/null 2>&1 &")  # for far longer than the test: only the guard ends it
+    status(env, f"({endless_writer('bg')}) >/dev/null 2>&1 &")
     # the guard's note comes with the first command after it stopped the writer: wait for that event (a loaded
     # machine slows the writer down, so no fixed wait would do), with a ceiling far above what it takes
     obs, deadline = "", time.monotonic() + 180
     while "disk quota of 32 MB" not in obs and time.monotonic() < deadline:
         obs, _ = status(env, "sleep 1")
     assert "disk quota of 32 MB" in obs, obs
-    sizes = _written(env, "bg*.bin")
-    assert sizes >= 32 << 20, sizes
-    time.sleep(2)  # a writer that still ran would have written 8 more files by now
-    assert _written(env, "bg*.bin") == sizes
+    assert_writer_stopped(env, "bg")
     assert shell_answers(env)
     assert validate_outcome(env)[1] == "invalid_submission"  # still over: its files stay until it deletes them
 
