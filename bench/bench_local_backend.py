@@ -7,7 +7,9 @@
   (the whole chain), each divided by the time of ``subprocess.run(["bash", "-c", "echo hi"])`` measured in the same run;
 - memory: resident memory of the backend process trees (shell and its children) per idle env, with 16 envs open;
 - reset among many: with those envs open, the median reset of each in turn (a trainer resetting its batch; each env's
-  next sandbox was started ahead by its last reset), against a bare bubblewrap start timed beside each.
+  next sandbox was started ahead by its last reset), against a bare bubblewrap start timed beside each;
+- edit: median time of an ``edit`` step of the task's Python file (the edit helper and its flake8 lint, an agent's
+  most frequent action), against a bare ``python -I -c pass`` start timed beside each.
 
 Targets: reset within 3x of the bare bubblewrap start (and < 150 ms median), step ratio < 3, < 30 MB per idle env.
 The ratios are the figures that matter; absolute times depend on the machine and its load.
@@ -23,6 +25,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -82,6 +85,19 @@ def resets_among_many_ms(envs: list[LocalBackend], rounds: int) -> tuple[float, 
     return statistics.median(resets), statistics.median(starts)
 
 
+def edit_and_python_ms(env: LocalBackend, path: str, repeats: int) -> tuple[float, float]:
+    """Median time of an ``edit`` step that rewrites the first line of the open file (``path`` is its starter copy)
+    with itself plus a comment, and median time of a bare ``python -I -c pass`` start, alternated."""
+    import sys
+
+    first = Path(path).read_text().splitlines()[0]
+    edits, starts = [], []
+    for index in range(repeats):
+        edits.append(median_ms(partial(env.step, f"edit 1:1\n{first}  # {index}\nend_of_edit"), 1))
+        starts.append(median_ms(lambda: subprocess.run([sys.executable, "-I", "-c", "pass"], check=True), 1))
+    return statistics.median(edits), statistics.median(starts)
+
+
 def chain_step_ms(repeats: int) -> float | None:
     """Median time of one ``echo hi`` step through ``registry.make("prisonersDilemma")``, or None without a chain."""
     if importlib.util.find_spec("mlgym_registry.transforms.chain") is None:
@@ -113,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200, help="timed steps per measurement")
     parser.add_argument("--resets", type=int, default=30, help="timed resets")
+    parser.add_argument("--edits", type=int, default=30, help="timed edit steps")
     parser.add_argument("--envs", type=int, default=16, help="idle envs open for the memory figure")
     args = parser.parse_args(argv)
 
@@ -126,6 +143,11 @@ def main(argv: list[str] | None = None) -> None:
             env.step("echo warm")
             bare_ms = median_ms(lambda: subprocess.run(["bash", "-c", "echo hi"], capture_output=True), args.repeats)
             step_ms = median_ms(lambda: env.step("echo hi"), args.repeats)
+            # the agent's file of both tasks bench_spec gives (prisonersDilemma's and the stand-in's)
+            python_file = "strategy.py"
+            starter = next(name for name in spec.starter_code if Path(name).name == python_file)
+            env.step(f"open {python_file}")
+            edit_ms, python_ms = edit_and_python_ms(env, str(Path(spec.root) / starter), args.edits)
         finally:
             env.close()
         chain_ms = chain_step_ms(args.repeats)
@@ -148,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
           "(target <= 3; < 150 ms)")
     print(f"bash -c 'echo hi' via subprocess.run:    {bare_ms:8.2f} ms")
     print(f"backend.step('echo hi'):                 {step_ms:8.2f} ms   ratio {step_ms / bare_ms:5.2f} (target < 3)")
+    print(f"python -I -c pass (median of {args.edits}):     {python_ms:8.2f} ms")
+    print(f"edit of {python_file} (median of {args.edits}): {edit_ms:8.2f} ms   ratio {edit_ms / python_ms:5.2f} "
+          "(the helper and its lint)")
     if chain_ms is None:
         print("registry.make env step:                  n/a (mlgym_registry.transforms.chain not available)")
     else:

@@ -12,22 +12,15 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 
-LINT_SELECT = "F821,F822,F831,E111,E112,E113,E999,E902"
+# the tool folder is the package's own (or a sandbox's read-only view of it): importing its lint module must leave no
+# __pycache__ there
+sys.dont_write_bytecode = True
+from lint import LintError, lint  # noqa: E402 - after the line above
+
 RULE = "-------------------------------------------------"
-
-
-@dataclass(frozen=True)
-class LintError:
-    """One flake8 finding: where it is and what it says (``"F821 undefined name 'x'"``)."""
-
-    line: int
-    col: int
-    problem: str
 
 
 def split_lines(text: str) -> list[str]:
@@ -63,28 +56,6 @@ def constrain(current: int, total: int, window: int) -> int:
     """Keep the window inside the file, as the ``open``/``goto`` tools do."""
     half = window // 2
     return max(min(current, total - half), half)
-
-
-def lint(paths: list[str]) -> dict[str, list[LintError]]:
-    """flake8 (MLGym's selection of checks) over ``paths``: the errors found in each."""
-    command = [sys.executable, "-m", "flake8", "--isolated", f"--select={LINT_SELECT}", "--jobs=1", *paths]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    found: dict[str, list[LintError]] = {path: [] for path in paths}
-    for raw in (done.stdout + done.stderr).splitlines():
-        for path in paths:
-            if raw.startswith(path + ":"):
-                found[path].append(_parse(raw[len(path) + 1 :]))
-                break
-    return found
-
-
-def _parse(rest: str) -> LintError:
-    where, _, problem = rest.partition(": ")
-    parts = where.split(":")
-    try:
-        return LintError(int(parts[0]), int(parts[1]) if len(parts) > 1 else 0, problem)
-    except ValueError:
-        return LintError(0, 0, rest)
 
 
 def new_errors(before: list[LintError], after: list[LintError], start: int, end: int, n_new: int) -> list[LintError]:
@@ -178,10 +149,10 @@ def _lint_change(path: str, original_text: str, window_range: tuple[int, int], n
     try:
         before_path = os.path.join(scratch, os.path.basename(path))
         _write_text(before_path, original_text)
-        found = lint([before_path, path])
+        before = lint(before_path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return new_errors(found[before_path], found[path], window_range[0], window_range[1], n_new)
+    return new_errors(before, lint(path), window_range[0], window_range[1], n_new)
 
 
 def _rejection(
