@@ -30,6 +30,7 @@ from ...held_out import RowSplit
 from ...submissions import SubmissionRejected, SubmissionSchemaError
 from ..protocol import AGENT_ERROR, INFRA_ERROR, INVALID_SUBMISSION, non_finite
 from . import eval_clock, procs, trees
+from .harness_code import harness_command
 from .output import CappedBuffer, normalise
 from .quota import DiskQuota
 from .submission_check import SubmissionSchema, check_submission
@@ -588,19 +589,21 @@ class Evaluator:
             evaluator_wake, ring_agent = above_sandbox_fds(evaluator_wake), above_sandbox_fds(ring_agent)
             runner_go, started.runner_go = os.pipe()
             runner_go = above_sandbox_fds(runner_go)
+            runner_start, runner_code = harness_command(self.python, harness)
             try:
                 started.runner = subprocess.Popen(
-                    wrap([self.python, "-I", harness, "serve", "--workspace", inside(started.agent_view),
+                    wrap([*runner_start, "serve", "--workspace", inside(started.agent_view),
                           "--memory-fd", str(memory), "--go-fd", str(runner_go), *seed_option], started.agent_view),
                     stdin=agent_wake, stdout=ring_evaluator, stderr=subprocess.DEVNULL, cwd=str(started.agent_view),
-                    env=agent_env, start_new_session=True, preexec_fn=self.preexec, pass_fds=(memory, runner_go),
+                    env=agent_env, start_new_session=True, preexec_fn=self.preexec,
+                    pass_fds=(memory, runner_go, *runner_code),
                 )
             except BaseException:
                 for fd in (memory, evaluator_wake, ring_agent):
                     os.close(fd)
                 raise
             finally:
-                for fd in (agent_wake, ring_evaluator, runner_go):
+                for fd in (agent_wake, ring_evaluator, runner_go, *runner_code):
                     os.close(fd)
             fds = (memory, evaluator_wake, ring_agent)
         # how the script ended comes back on a pipe of its own (the agent's code, in the other process, cannot
@@ -617,9 +620,10 @@ class Evaluator:
         go = above_sandbox_fds(go)
         status_option = ["--status-fd", str(status_write)] if status_write is not None else []
         preload_option = ["--preload", ",".join(preload)] if preload else []
-        command = [self.python, "-I", harness, "evaluate", "--workspace", inside(started.eval_view),
+        evaluator_start, evaluator_code = harness_command(self.python, harness)
+        command = [*evaluator_start, "evaluate", "--workspace", inside(started.eval_view),
                    "--fds", ",".join(map(str, fds)) or ",", "--go-fd", str(go), *status_option, *preload_option]
-        passed = (*fds, go, *((status_write,) if status_write is not None else ()))
+        passed = (*fds, go, *((status_write,) if status_write is not None else ()), *evaluator_code)
         try:
             started.proc = subprocess.Popen(
                 wrap(command, started.eval_view), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
