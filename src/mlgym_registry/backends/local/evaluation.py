@@ -31,6 +31,7 @@ from ...submissions import SubmissionRejected, SubmissionSchemaError
 from ..protocol import AGENT_ERROR, INFRA_ERROR, INVALID_SUBMISSION, non_finite
 from . import eval_clock, procs, trees
 from .harness_code import harness_command
+from .kernel_counts import above_sandbox_fds
 from .output import CappedBuffer, normalise
 from .quota import DiskQuota
 from .submission_check import SubmissionSchema, check_submission
@@ -679,22 +680,6 @@ class Evaluator:
 CHANNEL_BYTES = 4 << 20
 """The shared memory between the evaluator and the agent's process: a header and an area each way (a longer message
 crosses in chunks)."""
-
-
-def above_sandbox_fds(fd: int) -> int:
-    """``fd``, moved above the descriptor the sandbox's start-up shell opens its seccomp filter on
-    (``kernel_counts.SECCOMP_FD``) when it is not already: a descriptor handed to a sandboxed process under that number
-    would be replaced by the filter (the evaluator then found no channel: an ``infra_error`` that depended on how many
-    descriptors the process held, as when an audit's second env evaluated)."""
-    import fcntl
-
-    from .kernel_counts import SECCOMP_FD
-
-    if fd > SECCOMP_FD:
-        return fd
-    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, SECCOMP_FD + 1)
-    os.close(fd)
-    return moved
 
 
 def channel_memory(size: int = CHANNEL_BYTES) -> int:

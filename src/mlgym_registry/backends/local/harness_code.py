@@ -19,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 
+from .kernel_counts import above_sandbox_fds
+
 HARNESS_SOURCE = Path(__file__).parent / "harness" / "harness.py"
 """The harness's source, in the package."""
 
@@ -60,10 +62,8 @@ def _same_interpreter(python: str) -> bool:
 
 def _sealed_memory(data: bytes) -> int:
     """A memory file holding ``data``, sealed against any change, above the descriptor the sandbox's start-up
-    shell takes (``evaluation.above_sandbox_fds``)."""
+    shell takes (``kernel_counts.above_sandbox_fds``)."""
     import fcntl
-
-    from .evaluation import above_sandbox_fds
 
     fd = os.memfd_create("mlgym-registry-harness", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:

@@ -37,6 +37,21 @@ import threading
 SECCOMP_FD = 9
 """The descriptor the sandbox's start-up shell opens the filter on for bwrap (``--seccomp 9``)."""
 
+
+def above_sandbox_fds(fd: int) -> int:
+    """``fd``, moved above the descriptor the sandbox's start-up shell opens its seccomp filter on
+    (``SECCOMP_FD``) when it is not already: a descriptor handed to a sandboxed process under that number
+    would be replaced by the filter (the evaluator then found no channel: an ``infra_error`` that depended on how many
+    descriptors the process held, as when an audit's second env evaluated)."""
+    import fcntl
+
+    if fd > SECCOMP_FD:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, SECCOMP_FD + 1)
+    os.close(fd)
+    return moved
+
+
 _EMFILE = ("inotify_init", "inotify_init1", "fanotify_init")
 _EPERM = ("add_key", "request_key", "keyctl", "nice", "setpriority", "sched_setparam", "sched_setscheduler",
           "sched_setattr")
