@@ -7,8 +7,8 @@ process sees it at, and hands each process the compiled code in a sealed memory 
 it once written), which a short ``-c`` program loads and runs as ``__main__``, with ``__file__`` and ``sys.argv``
 as running the script would give. Tracebacks still show the harness's lines: the code names its file.
 
-Only where the process's interpreter is the driver's own: compiled code is valid for one version of Python. Any other
-interpreter (a task's own environment) runs the script as before.
+Only where the process's interpreter is the driver's own program (a virtual environment of it is): compiled code is
+valid for one version of Python. Any other interpreter (a task's environment on another Python) runs the script.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ What flake8 does that this keeps:
 - a file that does not compile reports ``E999`` alone, at the position its ``SyntaxError`` names (flake8 adds one to
   that column as to every other), and nothing else (unless a ``# noqa`` covers it);
 - findings are ordered by line and column, each with flake8's 1-based column;
-- ``# noqa`` (every code) and ``# noqa: CODE,...`` (those codes, by prefix) on any physical line of a statement cover
-  the whole statement.
+- ``# noqa`` (every code) and ``# noqa: CODE,...`` (those codes, by prefix) cover the lines that end at one newline
+  token together (a string over several lines, lines joined by a backslash): written on any of them, it covers all.
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ def _style_guide():
 
 
 def _noqa_lines(lines: list[str]) -> dict[int, str]:
-    """For each line of a statement (or a comment or blank line), the text of all its lines: the text flake8 looks
-    in for a ``# noqa`` that covers a finding on that line."""
+    """For each line, the text of all the lines that end at the same newline token: where flake8 looks for a
+    ``# noqa`` that covers a finding on that line."""
     covering: dict[int, str] = {}
     first, last = len(lines) + 2, -1
     try:
