@@ -116,6 +116,29 @@ def test_a_fork_while_background_processes_run_is_refused_naming_them(make):
         child.close()
 
 
+def test_a_process_read_while_it_executes_its_program_is_named_by_that_program(make, monkeypatch):
+    """While the kernel executes a program, the process's command line reads empty (the new arguments are not in
+    place yet): a fork then named the background ``sleep 600`` only ``sleep``, by its command's name. The kernel
+    cannot be held in that window on demand, so the first reads of the background process come back empty here, as
+    they do in it."""
+    parent = make()
+    status(parent, "sleep 600 &")
+    real = forking._command_line
+    empty_reads = {"left": 3}
+
+    def executing(pid: int) -> str:
+        if pid != parent._res.session.shell_pid and empty_reads["left"] > 0:
+            empty_reads["left"] -= 1
+            return ""
+        return real(pid)
+
+    monkeypatch.setattr(forking, "_command_line", executing)
+    with pytest.raises(forking.ForkRefused, match=r"\(sleep 600\)"):
+        parent.fork(1)
+    assert empty_reads["left"] == 0
+    status(parent, "kill %1; wait")
+
+
 def test_a_child_cannot_reach_a_siblings_files_or_processes(family):
     parent, (first, second) = family
     token = "mlgr-sibling-" + secrets.token_hex(6)

@@ -220,12 +220,15 @@ class ForkPoint:
 def background_processes(session: ShellSession, settle: float = 2.0) -> list[str]:
     """The agent's processes running beside its shell, each as ``pid (command line)``. A subshell that has not yet
     run its program (``sleep 600 &`` forks bash, then execs sleep) is read again for up to ``settle`` seconds, so
-    that the program is what is named."""
+    that the program is what is named; so is a process whose command line reads empty, as it does while the kernel
+    executes a program (the new one's arguments are not in place yet) and for good once it has ended (a zombie, named
+    by its command's name)."""
     deadline = time.monotonic() + settle
     shell_line = _command_line(session.shell_pid)
     while True:
         found = {pid: _command_line(pid) for pid in sorted(session.processes()) if procs.alive(pid)}
-        if shell_line not in found.values() or time.monotonic() > deadline:
+        unsettled = any(line in (shell_line, "") for line in found.values())
+        if not unsettled or time.monotonic() > deadline:
             break
         time.sleep(0.01)
     return [f"{pid} ({line or procs.command_name(pid) or '?'})" for pid, line in found.items()]
