@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import mlgym_registry
+from mlgym_registry.backends.local.tools.lint import lint, lint_source
 from mlgym_registry.backends.local.toolset import TOOLS_DIR
 
 FLAKE8_SELECT = "F821,F822,F831,E111,E112,E113,E999,E902"
@@ -63,6 +64,9 @@ CASES: dict[str, bytes] = {
     "null_byte": b"x = 1\x00\n",
     "form_feed": b"\x0cdef f():\n    return 1\n",
     "only_comment_noqa_file": b"#flake8=NOQA\n",
+    "crlf_newlines": b"def f():\r\n   return nope\r\n",
+    "cr_newlines": b"def f():\r   return nope\r",
+    "utf8_cookie_with_bad_bytes": b"# coding: utf-8\nx = '\xe9'\ny = nope\n",
 }
 
 
@@ -100,6 +104,15 @@ def test_every_case_reads_as_flake8_reads_it(tmp_path):
     # first (as an E999), and besides E902
     found = {line.split(": ", 1)[1][:4] for line in lint_lines(paths)}
     assert found >= {"F821", "F822", "F831", "E111", "E999"}
+
+
+def test_the_bytes_of_a_file_lint_as_the_file_does(tmp_path):
+    """An edit lints the file's old bytes from memory (``lint_source``) and its new text from the file (``lint``):
+    for every case, both find the same."""
+    for name, data in CASES.items():
+        path = tmp_path / f"{name}.py"
+        path.write_bytes(data)
+        assert lint_source(data, str(path)) == lint(str(path)), name
 
 
 def test_a_file_that_cannot_be_read_is_an_e902(tmp_path):

@@ -97,6 +97,15 @@ def test_pre_existing_errors_do_not_block_an_edit(tools):
     assert "- F821 undefined name 'still_missing'" in obs  # an error inside the edited lines counts as new
 
 
+def test_an_edit_of_a_file_in_another_encoding_keeps_its_bytes_and_its_old_errors_stay_old(tools):
+    tools.communicate("printf '# -*- coding: latin-1 -*-\\nx = missing\\nname = \"\\351t\\351\"\\ny = 1\\n' > old1.py")
+    tools.communicate('open "old1.py"')
+    obs = tools.communicate("edit 4:4 << 'end_of_edit'\ny = 2\nend_of_edit")
+    assert observation_kind(obs) == "file_window" and "File updated." in obs
+    assert (tools.host_workspace / "old1.py").read_bytes() == (
+        b"# -*- coding: latin-1 -*-\nx = missing\nname = \"\xe9t\xe9\"\ny = 2\n")
+
+
 def test_edit_of_non_python_file_is_not_linted(tools):
     tools.communicate("printf 'a\\nb\\nc\\n' > plain.txt")
     tools.communicate('open "plain.txt"')

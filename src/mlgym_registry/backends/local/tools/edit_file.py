@@ -10,15 +10,13 @@ read-only, else 0.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import sys
-import tempfile
 
 # the tool folder is the package's own (or a sandbox's read-only view of it): importing its lint module must leave no
 # __pycache__ there
 sys.dont_write_bytecode = True
-from lint import LintError, lint  # noqa: E402 - after the line above
+from lint import LintError, lint, lint_source  # noqa: E402 - after the line above
 
 RULE = "-------------------------------------------------"
 
@@ -116,8 +114,9 @@ def main(argv: list[str]) -> int:
     if is_read_only(path):
         _say(current, [f"Error: You cannot edit read-only file {path}"])
         return 1
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as handle:
-        original_text = handle.read()
+    with open(path, "rb") as handle:
+        original = handle.read()
+    original_text = original.decode("utf-8", errors="surrogateescape")
     old = split_lines(original_text)
     if mode == "edit":
         lines = old[: max(start - 1, 0)] + new_text + old[end:]
@@ -129,7 +128,7 @@ def main(argv: list[str]) -> int:
 
     problems: list[LintError] = []
     if path.endswith(".py"):
-        problems = _lint_change(path, original_text, window_range, len(new_text))
+        problems = _lint_change(path, original, window_range, len(new_text))
     if not problems:
         after = start - 1 if mode == "edit" else start + 1
         after = constrain(after, len(lines), window)
@@ -144,14 +143,9 @@ def main(argv: list[str]) -> int:
     return _say(current, _rejection(mode, path, problems, lines, old, start, end, len(new_text)))
 
 
-def _lint_change(path: str, original_text: str, window_range: tuple[int, int], n_new: int) -> list[LintError]:
-    scratch = tempfile.mkdtemp(prefix="mlgr-lint-")
-    try:
-        before_path = os.path.join(scratch, os.path.basename(path))
-        _write_text(before_path, original_text)
-        before = lint(before_path)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+def _lint_change(path: str, original: bytes, window_range: tuple[int, int], n_new: int) -> list[LintError]:
+    """The lint findings the change brings: those of the file now that its old bytes ``original`` did not have."""
+    before = lint_source(original, path)
     return new_errors(before, lint(path), window_range[0], window_range[1], n_new)
 
 

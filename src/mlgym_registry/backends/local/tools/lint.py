@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import io
 import re
 import tokenize
 from dataclasses import dataclass
@@ -57,9 +58,17 @@ class LintError:
 def lint(path: str) -> list[LintError]:
     """The findings of MLGym's lint selection in the file at ``path``, in flake8's order."""
     try:
-        lines = _read_lines(path)
+        with open(path, "rb") as handle:
+            data = handle.read()
     except OSError as error:
         return [LintError(0, 1, f"E902 {type(error).__name__}: {error}")]
+    return lint_source(data, path)
+
+
+def lint_source(data: bytes, path: str) -> list[LintError]:
+    """The findings of MLGym's lint selection in ``data``, the bytes of a Python file shown as ``path``, as ``lint``
+    finds them in a file that holds those bytes."""
+    lines = _decoded_lines(data)
     if lines and lines[0][:1] == "\ufeff":
         lines[0] = lines[0][1:]
     if any(NOQA_FILE.match(line) for line in lines):
@@ -77,13 +86,14 @@ def lint(path: str) -> list[LintError]:
             if not _ignored(problem, covering.get(line, _physical_line(lines, line)))]
 
 
-def _read_lines(path: str) -> list[str]:
+def _decoded_lines(data: bytes) -> list[str]:
+    """``data``'s lines as ``tokenize.open`` reads a file (its coding cookie, newlines made ``\\n``), or as latin-1
+    where that fails, as flake8 reads a file."""
     try:
-        with tokenize.open(path) as handle:
-            return handle.readlines()
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return io.TextIOWrapper(io.BytesIO(data), encoding, line_buffering=True).readlines()
     except (SyntaxError, UnicodeError):
-        with open(path, encoding="latin-1") as handle:
-            return handle.readlines()
+        return io.TextIOWrapper(io.BytesIO(data), "latin-1").readlines()
 
 
 def _syntax_position(error: SyntaxError) -> tuple[int, int]:
