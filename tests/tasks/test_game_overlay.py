@@ -156,6 +156,30 @@ def test_lockstep_scores_have_the_distribution_of_games_played_one_after_the_oth
     assert 1 / 3 <= statistics.variance(a) / statistics.variance(b) <= 3
 
 
+def mlgym_mean_score(histories: list[list[tuple]], payoff) -> float:
+    """MLGym's scoring, one ``np.mean`` a game: the reference ``lockstep_games.mean_score`` must equal bit for bit."""
+    import numpy as np
+
+    per_game = [np.mean(np.asarray([payoff(mine, theirs) for mine, theirs in history], dtype=np.float32))
+                for history in histories]
+    return float(np.mean(np.asarray(per_game, dtype=np.float32)))
+
+
+@pytest.mark.parametrize("game", GAME_TASKS)
+def test_scores_are_mlgyms_float32_numbers_exactly(game):
+    """Every game's mean at once (rows of one array) gives the float32 numbers one ``np.mean`` a game gives: over
+    seeds, numbers of games (odd ones included, which change how numpy pairs up its sums) and rounds, and for games
+    of different lengths."""
+    lockstep, row, partner, payoff = load_game(game)
+    for seed, games, rounds in [(0, 10_000, 10), (1, 999, 10), (2, 1, 10), (3, 37, 1), (4, 129, 7), (5, 5, 33)]:
+        random.seed(seed)
+        partner.RNG.seed(seed)
+        histories = lockstep.play(row, partner.target_column_strategy, games, rounds)
+        assert lockstep.mean_score(histories, payoff) == mlgym_mean_score(histories, payoff), (seed, games, rounds)
+    ragged = [history[:length] for history, length in zip(histories, [33, 1, 20, 33, 2], strict=True)]
+    assert lockstep.mean_score(ragged, payoff) == mlgym_mean_score(ragged, payoff)
+
+
 @pytest.mark.parametrize(("game", "bad", "error"), [
     ("prisonersDilemma", 2, ValueError), ("prisonersDilemma", 1.0, TypeError), ("battleOfSexes", 2, ValueError),
     ("blotto", [121, 0, 0, 0, 0, 0], ValueError), ("blotto", [60.0, 60, 0, 0, 0, 0], ValueError),
