@@ -1,5 +1,13 @@
 # Each target creates .venv on first use and reuses it after; nothing else needs installing by hand.
-PYTHON ?= python3
+# The interpreter .venv is made with (PYTHON=... chooses another): the distribution's own python3 where it is the same
+# Python version as the python3 on PATH and can make a venv, else that python3. Same version, so the same wheels
+# apply; a different build: distributions build CPython with PGO and LTO, while pyenv's default build (shared library,
+# neither) ran the suite's Python 20-45% slower on the 2-core CI machines (docs/performance.md)
+DISTRIBUTION_PYTHON := /usr/bin/python3
+PYTHON_VERSION := import sys; print(sys.version_info[:2])
+PYTHON ?= $(shell [ -x $(DISTRIBUTION_PYTHON) ] && $(DISTRIBUTION_PYTHON) -c 'import ensurepip' 2>/dev/null \
+	&& [ "$$($(DISTRIBUTION_PYTHON) -c '$(PYTHON_VERSION)')" = "$$(python3 -c '$(PYTHON_VERSION)' 2>/dev/null)" ] \
+	&& echo $(DISTRIBUTION_PYTHON) || echo python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # two installs into the one .venv: the package alone (what `make demo` needs), and the package with the test and
@@ -21,6 +29,7 @@ PYTEST_WORKERS ?= 4
 # the venv, pip, then the CPU build of torch first, so that nothing later reaches for a multi-GB CUDA build ($(1): more
 # pip options)
 define make_venv
+	@echo "make: making $(VENV) with $(PYTHON), Python $$($(PYTHON) -c 'import platform; print(platform.python_version())')"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --progress-bar on $(1) torch==$(TORCH_VERSION) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))

@@ -61,7 +61,6 @@ CASES: dict[str, bytes] = {
                                 b"print(impl, __file__, __name__)\n"),
     "del_then_use": b"x = 1\ndel x\nprint(x)\n",
     "async": b"async def f():\n  async with a as b:\n      await b\n",
-    "null_byte": b"x = 1\x00\n",
     "form_feed": b"\x0cdef f():\n    return 1\n",
     "only_comment_noqa_file": b"#flake8=NOQA\n",
     "crlf_newlines": b"def f():\r\n   return nope\r\n",
@@ -113,6 +112,20 @@ def test_the_bytes_of_a_file_lint_as_the_file_does(tmp_path):
         path = tmp_path / f"{name}.py"
         path.write_bytes(data)
         assert lint_source(data, str(path)) == lint(str(path)), name
+
+
+def test_a_null_byte_is_a_syntax_error_on_every_python(tmp_path):
+    """Python 3.11.7 reports a null byte as a SyntaxError, and flake8 an E999; older 3.11 releases raise ValueError,
+    on which flake8 itself crashes. The lint reports it as the newer ones do, whichever runs it."""
+    path = tmp_path / "null_byte.py"
+    path.write_bytes(b"x = 1\x00\n")
+    ours = lint_lines([path])
+    assert ours == [f"{path}:1:1: E999 SyntaxError: source code string cannot contain null bytes"]
+    assert lint_source(path.read_bytes(), str(path)) == lint(str(path))
+    flake8 = subprocess.run([sys.executable, "-m", "flake8", "--isolated", f"--select={FLAKE8_SELECT}", str(path)],
+                            capture_output=True, text=True, check=False)
+    if "ValueError: source code string cannot contain null bytes" not in flake8.stderr:
+        assert flake8.stdout.splitlines() == ours
 
 
 def test_a_file_that_cannot_be_read_is_an_e902(tmp_path):

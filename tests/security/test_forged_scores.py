@@ -164,7 +164,9 @@ def test_pth_file_in_site_packages_cannot_be_written(env, honest):
     folders, code = status(env, "python -c 'import site; print(\"\\n\".join(site.getsitepackages()))'")
     assert code == 0 and folders.strip(), folders
     for folder in folders.split("\n"):
-        output, code = status(env, f"echo '{line}' > '{folder}/mlgr_forge.pth'")
+        # a folder the interpreter would read but that does not exist (Debian's Python names <venv>/local/...) may
+        # not be made either
+        output, code = status(env, f"mkdir -p '{folder}' && echo '{line}' > '{folder}/mlgr_forge.pth'")
         assert code != 0 and "Read-only file system" in output, (folder, output)
     # the agent's own user site (in its private home) is writable, but no evaluation process reads it
     output, code = status(env, "d=$(python -c 'import site; print(site.getusersitepackages())') && mkdir -p \"$d\" && "

@@ -75,9 +75,11 @@ def lint_source(data: bytes, path: str) -> list[LintError]:
         return []
     try:
         tree = ast.parse("".join(lines))
-    except SyntaxError as error:
+    except (SyntaxError, ValueError) as error:
+        # older 3.11 releases raise ValueError for a null byte, where later ones (and flake8 on them) say SyntaxError
+        kind = "SyntaxError" if isinstance(error, ValueError) else type(error).__name__
         row, col = _syntax_position(error)
-        found = [(row, col, f"E999 {type(error).__name__}: {error.args[0]}")]
+        found = [(row, col, f"E999 {kind}: {error.args[0]}")]
     else:
         found = _pyflakes(tree, path) + _indentation(lines, path)
         found.sort(key=lambda finding: (finding[0], finding[1]))
@@ -96,7 +98,7 @@ def _decoded_lines(data: bytes) -> list[str]:
         return io.TextIOWrapper(io.BytesIO(data), "latin-1").readlines()
 
 
-def _syntax_position(error: SyntaxError) -> tuple[int, int]:
+def _syntax_position(error: SyntaxError | ValueError) -> tuple[int, int]:
     """Where flake8 places a syntax error: the line and offset the error names, else line 1, column 0."""
     if len(error.args) > 1 and error.args[1] and len(error.args[1]) > 2:
         return error.args[1][1], error.args[1][2]
