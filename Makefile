@@ -1,8 +1,8 @@
 # Each target creates .venv on first use and reuses it after; nothing else needs installing by hand.
 # The interpreter .venv is made with (PYTHON=... chooses another): the distribution's own python3 where it is the same
 # Python version as the python3 on PATH and can make a venv, else that python3. Same version, so the same wheels
-# apply; a different build: distributions build CPython with PGO and LTO, while pyenv's default build (shared library,
-# neither) ran the suite's Python 20-45% slower on the 2-core CI machines (docs/performance.md)
+# apply; a different build: distributions build CPython with PGO and LTO, while with pyenv's default build (shared
+# library, neither) the whole suite took 24% more CPU on a 2-core machine (docs/performance.md)
 DISTRIBUTION_PYTHON := /usr/bin/python3
 PYTHON_VERSION := import sys; print(sys.version_info[:2])
 PYTHON ?= $(shell [ -x $(DISTRIBUTION_PYTHON) ] && $(DISTRIBUTION_PYTHON) -c 'import ensurepip' 2>/dev/null \
