@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from mlgym_registry import InvalidTaskError, Registry, load_task_yaml, registry
-from mlgym_registry.backends.protocol import EVALUATION_STATUS_KEY, INFRA_ERROR, INVALID_SUBMISSION
+from mlgym_registry.backends.protocol import EVALUATION_OK, EVALUATION_STATUS_KEY, INFRA_ERROR, INVALID_SUBMISSION
 from mlgym_registry.cli import main as cli_main
 from mlgym_registry.components.rewards import ScoreDeltaReward, failure_reward
+from mlgym_registry.held_out import SUBMIT, VALIDATE, row_split
+from mlgym_registry.specs import TaskSpec
 from mlgym_registry.submissions import SubmissionRejected, SubmissionSchema, submission_schema
 from mlgym_registry.tasks.mlgym_overlay import overlay_submission
 
@@ -284,7 +286,6 @@ truth = {r["key"]: r["label"] for r in csv.DictReader(open("data/answers.csv"))}
 guess = {r["key"]: r["label"] for r in csv.DictReader(open("submission.csv"))}
 print(json.dumps({"Score": sum(guess.get(k) == v for k, v in truth.items()) / len(truth)}))
 """
-ANSWERS = "key,label\n" + "".join(f"k{i},{'ab'[i % 2]}\n" for i in range(6))
 AUTHOR_TASK = """\
 id: labelsTask
 description: Label every key of data/keys.csv with a or b; write submission.csv (key, label, weight).
@@ -308,18 +309,34 @@ submission:
 """
 
 
-@pytest.fixture(scope="module")
-def author_spec(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("author")
+def author_task(folder: Path, keys: int = 6) -> TaskSpec:
+    """The task author's labelling task, written in ``folder``, with ``keys`` rows of answers."""
     write(folder / "files/evaluate.py", AUTHOR_EVALUATE)
-    write(folder / "files/data/answers.csv", ANSWERS)
-    write(folder / "files/data/keys.csv", "key\n" + "".join(f"k{i}\n" for i in range(6)))
+    write(folder / "files/data/answers.csv", "key,label\n" + "".join(f"{k},{label}\n" for k, label in answers_of(keys)))
+    write(folder / "files/data/keys.csv", "key\n" + "".join(f"k{i}\n" for i in range(keys)))
     write(folder / "labels.yaml", AUTHOR_TASK)
     return load_task_yaml(folder / "labels.yaml")
 
 
+def answers_of(keys: int) -> list[tuple[str, str]]:
+    """The answers of the author's task with ``keys`` rows: ``(key, label)``."""
+    return [(f"k{i}", "ab"[i % 2]) for i in range(keys)]
+
+
+@pytest.fixture(scope="module")
+def author_spec(tmp_path_factory):
+    return author_task(tmp_path_factory.mktemp("author"))
+
+
 def labels(rows) -> str:
     return "key,label,weight\n" + "".join(f"{k},{label},{w}\n" for k, label, w in rows)
+
+
+def assert_scored(env, action: str, score: float) -> None:
+    """``action`` scored the submission in the workspace ``score``."""
+    observation, info, _ = evaluate(env, action)
+    assert info[EVALUATION_STATUS_KEY] == EVALUATION_OK, (observation, info)
+    assert info["score"][-1] == {"Score": score}, observation
 
 
 def test_a_task_authors_schema_is_enforced(author_spec):
@@ -327,8 +344,7 @@ def test_a_task_authors_schema_is_enforced(author_spec):
     try:
         honest = [(f"k{i}", "ab"[i % 2], 0.5) for i in range(6)]
         write_file(env, "submission.csv", labels(honest))
-        observation, info, _ = evaluate(env)
-        assert info["score"][-1] == {"Score": 1.0}, observation
+        assert_scored(env, "validate", 1.0)
         for rule, rows in (("values", [(k, "c", w) for k, _, w in honest]),
                            ("values", [(k, label, 2.0) for k, label, _ in honest]),
                            ("ids", honest[:5] + [("k9", "a", 0.5)])):
@@ -351,6 +367,55 @@ def test_a_reference_the_agent_could_change_is_the_tasks_failure(author_spec):
         observation, info, reward = evaluate(env)
         assert info[EVALUATION_STATUS_KEY] == INFRA_ERROR and reward == 0.0, observation
         assert "submission.rows_from 'mine.csv' is none of the task's" in observation
+    finally:
+        env.close()
+
+
+# -- the rows validate and submit score (held_out) -----------------------------------------------------------------
+@pytest.mark.parametrize("keys", [1, 2, 3, 5, 6, 41])
+def test_validate_and_submit_each_score_rows_in_every_episode(tmp_path, keys):
+    """The answers are shared out by rank: half to validate, the rest to submit, neither part ever empty (a part
+    with no rows is an honest submission's failed evaluation, a mean over nothing); one row is scored by both."""
+    spec = author_task(tmp_path, keys)
+    data = (tmp_path / "files/data/answers.csv").read_bytes()
+    ids = [key for key, _ in answers_of(keys)]
+    shares = set()
+    for seed in range(200):
+        split = row_split(spec, seed, answers=lambda: data)
+        validated = [key for key in ids if split.keeps(key, VALIDATE)]
+        submitted = [key for key in ids if split.keeps(key, SUBMIT)]
+        if keys == 1:
+            assert validated == submitted == ids
+            continue
+        assert len(validated) == min(max(round(keys / 2), 1), keys - 1), (seed, validated)
+        assert sorted(validated + submitted) == sorted(ids), (seed, validated, submitted)
+        shares.add(tuple(validated))
+    assert keys == 1 or len(shares) > 1  # the seed ranks them
+
+
+def test_the_split_reads_nothing_of_where_the_task_is_installed(tmp_path):
+    """Two copies of one task, in folders of different names and depths, split every seeded episode's rows alike, as
+    must two machines that share the installation key; a row's side is drawn alike without the answers too."""
+    here, there = author_task(tmp_path / "here", 8), author_task(tmp_path / "over" / "there" / "x", 8)
+    data = (tmp_path / "here/files/data/answers.csv").read_bytes()
+    ids = [key for key, _ in answers_of(8)] + ["k77"]
+    for seed in range(20):
+        for answers in (lambda: data, None):
+            mine, theirs = row_split(here, seed, answers=answers), row_split(there, seed, answers=answers)
+            assert [mine.keeps(key, VALIDATE) for key in ids] == [theirs.keeps(key, VALIDATE) for key in ids]
+
+
+def test_an_honest_submission_scores_in_every_episode_of_a_two_row_task(tmp_path):
+    """On the real sandbox and evaluator: the author's evaluator divides by the number of answers it is given, so an
+    empty part of the answers would fail the honest submission's validate or submit."""
+    env = open_backend(author_task(tmp_path, 2))
+    try:
+        for episode in range(4):
+            if episode:
+                env.reset()
+            write_file(env, "submission.csv", labels([(key, label, 0.5) for key, label in answers_of(2)]))
+            assert_scored(env, "validate", 1.0)
+            assert_scored(env, "submit", 1.0)
     finally:
         env.close()
 

@@ -485,8 +485,8 @@ class LocalBackend:
     def row_split(self) -> held_out.RowSplit | None:
         """The current episode's split of the answers' rows between validate and submit (``held_out``), for trusted
         tooling (the audit's canary that submits what validates could teach); None when both score every row."""
-        seeds = self._episode_seeds or seeding.EpisodeSeeds.draw(None, 0)
-        return held_out.row_split(self.spec, seeds.evaluation, self.validation_rows)
+        return self._confinement.row_split(self._episode_seeds or seeding.EpisodeSeeds.draw(None, 0),
+                                           self.validation_rows)
 
     def task_file(self, relative: str) -> Path | None:
         """The host path of the task's own copy of the workspace file ``relative`` (a starter, evaluation, protected,

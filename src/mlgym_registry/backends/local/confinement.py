@@ -22,6 +22,7 @@ from . import sandbox as sandbox_mod
 from .evaluation import HARNESS_DIR, Evaluator
 from .resources import Folders, Resources
 from .session import ShellSession
+from .submission_check import reference_bytes
 from .workspace import WorkspaceFiles
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -214,7 +215,7 @@ class Confinement:
             task_files=dict(self.files.task_files),
             submission_files=tuple(declared_submission(self.spec)),
             metric_check=functools.partial(past_best_message, spec=self.spec),
-            row_split=held_out.row_split(self.spec, seeds.evaluation, validation_rows),
+            row_split=self.row_split(seeds, validation_rows),
             scratch_root=self.folders.scratch,
             python=self.python,
             env=self.environment(),
@@ -234,6 +235,17 @@ class Confinement:
             submission_schema=submission_schema(self.spec),
             agent_side=frozenset(task_checks.agent_side_files(self.spec)),
         )
+
+    def row_split(self, seeds: seeding.EpisodeSeeds, validation_rows: str) -> held_out.RowSplit | None:
+        """The episode's split of the answers' rows between validate and submit (``held_out``), ranked over the ids
+        of the task's pristine answers; None when both score every row."""
+        schema = submission_schema(self.spec)
+
+        def answers() -> bytes:
+            assert schema is not None
+            return reference_bytes(schema, dict(self.files.pristine)) or b""
+
+        return held_out.row_split(self.spec, seeds.evaluation, validation_rows, answers)
 
     def preexec(self, part: str = cgroups.AGENT, cgroup: limits_mod.PidsCgroup | None = None,
                 memory: limits_mod.MemoryCgroup | None = None) -> Callable[[], None] | None:
