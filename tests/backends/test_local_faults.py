@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ import psutil
 import pytest
 from test_local_backend import tiny_spec
 
-from mlgym_registry.backends.local import LocalBackend
+from mlgym_registry.backends.local import LocalBackend, kernel_counts
 from mlgym_registry.backends.local.limits import network_isolation_prefix
 from mlgym_registry.records.observation_kinds import observation_kind
 
@@ -434,3 +435,50 @@ def test_ending_a_session_that_forks_while_it_is_killed_leaves_nothing():
         for pid in procs.session_processes(leader.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
+
+
+def test_processes_that_start_sandboxes_leave_one_filter_file_however_they_end(tmp_path):
+    """Every sandbox loads its seccomp filter from a file (``kernel_counts``): owners that exit, leave by
+    ``os._exit`` (as every multiprocessing worker does, exit handlers unrun) or are killed share one file, in one
+    folder of the user's, and leave no folder of their own in the temporary folder."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    environ = {**os.environ, "TMPDIR": str(temp)}
+    for index, ending in enumerate(("pass", "import os; os._exit(0)", "import time; time.sleep(1000)")):
+        src = tmp_path / f"src{index}"
+        src.mkdir()
+        owner = subprocess.Popen([sys.executable, "-c", owner_script(src, ending)], stdout=subprocess.PIPE,
+                                 text=True, env=environ)
+        try:
+            assert json.loads(owner.stdout.readline())["root"]
+            if index < 2:
+                assert owner.wait(timeout=60) == 0
+        finally:
+            owner.kill()  # the last one: SIGKILL, no close(), no finalizer, no atexit
+            owner.wait()
+    filters = [path.relative_to(temp) for path in temp.rglob("*.bpf")]
+    assert filters == [Path(f"mlgr-seccomp-{os.getuid()}") / filters[0].name], sorted(temp.iterdir())
+    assert [path.name for path in temp.iterdir() if path.name.startswith("mlgr-seccomp")] == [filters[0].parts[0]]
+    assert (temp / filters[0].parts[0]).stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("taken", ["others may enter it", "a link to a private folder"])
+def test_a_filter_folder_that_is_not_the_users_alone_is_never_used(tmp_path, monkeypatch, taken):
+    """Whoever could write in the shared filter folder could swap the filter every sandbox loads: one that others
+    may enter, or a link, is left alone, and the process writes the filter in a new folder of its own."""
+    shared = tmp_path / f"mlgr-seccomp-{os.getuid()}"
+    if taken == "others may enter it":
+        shared.mkdir()
+        shared.chmod(0o755)
+    else:
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        shared.symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    kernel_counts._folder.cache_clear()
+    try:
+        path = Path(kernel_counts.filter_path())
+        assert path.parent.parent == tmp_path and path.parent.name.startswith("mlgr-seccomp-")
+        assert path.parent != shared and path.read_bytes() == kernel_counts.program()
+        assert list(shared.iterdir()) == []
+    finally:
+        kernel_counts._folder.cache_clear()

@@ -25,11 +25,14 @@ aarch64); bwrap loads it from a descriptor (``--seccomp``) after its own setup.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import functools
+import hashlib
 import os
 import platform
 import shutil
+import stat
 import struct
 import tempfile
 import threading
@@ -98,11 +101,17 @@ def program() -> bytes:
 
 
 def filter_path() -> str:
-    """A file holding ``program()``, in a folder of this process's own (removed at exit; written again if something
-    removed it meanwhile, as a cleaner of old files in ``/tmp`` may)."""
-    path = os.path.join(_folder(), f"{platform.machine() or 'any'}.bpf")
+    """A file holding ``program()``, named by its digest, in a folder of this user's own that every process of theirs
+    shares (``_folder``): nothing is left per process, however it ends (a pool's worker is terminated, a
+    multiprocessing child leaves by ``os._exit``, where exit handlers never run). Written again if something removed
+    it meanwhile, as a cleaner of old files in ``/tmp`` may."""
+    path = os.path.join(_folder(), _FILTER_NAME)
     if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        folder = os.path.dirname(path)
+        if not _own_private_folder(folder, make=True):
+            _folder.cache_clear()  # someone else's now: this process falls back to a folder of its own
+            folder = _folder()
+        path = os.path.join(folder, _FILTER_NAME)
         partial = f"{path}.{os.getpid()}.{threading.get_ident()}"
         with open(partial, "wb") as file:
             file.write(program())
@@ -110,11 +119,33 @@ def filter_path() -> str:
     return path
 
 
+_FILTER_NAME = f"{platform.machine() or 'any'}-{hashlib.sha256(program()).hexdigest()[:16]}.bpf"
+"""The filter's file name: a changed filter (another release) never reads an older one's file."""
+
+
 @functools.cache
 def _folder() -> str:
+    """``mlgr-seccomp-<uid>`` in the temporary folder when it is this user's alone (made here, mode 0700, or found
+    so), else, as when another user made it first, a new folder of this process's own, removed at its exit."""
+    shared = os.path.join(tempfile.gettempdir(), f"mlgr-seccomp-{os.getuid()}")
+    if _own_private_folder(shared, make=True):
+        return shared
     folder = tempfile.mkdtemp(prefix="mlgr-seccomp-")
     atexit.register(_remove, folder, os.getpid())
     return folder
+
+
+def _own_private_folder(folder: str, *, make: bool) -> bool:
+    """Whether ``folder`` is a folder (no link) this user owns that no one else may enter; ``make``: made so first
+    when it does not exist."""
+    if make:
+        with contextlib.suppress(OSError):
+            os.mkdir(folder, 0o700)
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
 def _remove(folder: str, owner: int) -> None:
