@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -24,8 +24,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # seeded runs derive their evaluators' seeds with an installation key (mlgym_registry.seeding): give the whole session
-# (its subprocesses and workers too) one of its own, so that tests never create a key in the user's config folder
-os.environ.setdefault("MLGYM_REGISTRY_SEED_KEY", secrets.token_hex(32))
+# (its subprocesses and workers too) one of its own, so that tests never create a key in the user's config folder. The
+# same key every session: a seeded test then plays the same episodes on every run and machine, so a rerun of a failed
+# suite gives the same verdict (a random key made a test's outcome depend on the draw)
+os.environ.setdefault("MLGYM_REGISTRY_SEED_KEY", hashlib.sha256(b"mlgym-registry's test sessions").hexdigest())
 
 
 def write(path: Path, text: str) -> Path:
