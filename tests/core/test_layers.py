@@ -24,11 +24,11 @@ CONCEPTS = Path(__file__).resolve().parents[2] / "docs" / "concepts.md"
 
 LAYERS: list[set[str]] = [
     # 0, the helpers every layer uses: the package's version, errors, hook specs, task specs and their submission
-    # schemas, options, seeds, the machine's cores, scores (the evaluation statuses, MLGym's table of ranking
-    # metrics, its score text, the metrics' best values, the rows validate and submit score), what an untrusted
-    # record or task file may decide (trust_rules), MLGym's tool language (the commands, their signatures and docs)
-    # that backends, components and policies speak, and the moments an env is built or its factory pickled, which
-    # the layers above hook into (env_hooks)
+    # schemas, options, seeds, the machine's cores and cache folder, scores (the evaluation statuses, MLGym's table
+    # of ranking metrics, its score text, the metrics' best values, the rows validate and submit score), what an
+    # untrusted record or task file may decide (trust_rules), MLGym's tool language (the commands, their signatures
+    # and docs) that backends, components and policies speak, and the moments an env is built or its factory
+    # pickled, which the layers above hook into (env_hooks)
     {"errors", "hookspecs", "specs", "submissions", "options", "seeding", "terminal", "bounded_json", "_lazy",
      "_version", "scores", "tool_language", "kinds", "machine", "trust_rules", "best_scores", "held_out",
      "env_hooks"},

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TaskFilesMissing
+from ..machine import cache_root
 from ..specs import TaskSpec
 from ..trust_rules import check_host_path, check_workspace_path
 
@@ -44,9 +45,9 @@ message; ``{folder}`` in it becomes the folder where the data goes (the dataset'
 
 
 def default_data_folder() -> Path:
-    """The data folder ``prepare`` writes to: ``$XDG_CACHE_HOME/mlgym-registry/data`` or ``~/.cache/...``."""
-    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
-    return Path(cache).expanduser() / "mlgym-registry" / "data"
+    """The data folder ``prepare`` writes to: ``data`` in the package's cache folder (``machine.cache_root``),
+    ``~/.cache/mlgym-registry/data`` by default."""
+    return cache_root() / "data"
 
 
 def data_folders(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:

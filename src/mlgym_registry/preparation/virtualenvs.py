@@ -30,6 +30,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..errors import MissingTaskPackages, PrepareFailed
+from ..machine import cache_root
 from ..specs import TaskSpec
 from .import_check import check_imports
 from .task_packages import missing_requirements, normalise_requirement, requirement_name, task_requirements
@@ -46,13 +47,12 @@ Echo = Callable[[str], object]
 
 # -- where environments live ---------------------------------------------------------------------------------------
 def environments_folder() -> Path:
-    """The folder of the prepared environments: ``$MLGYM_REGISTRY_ENVS``, else ``$XDG_CACHE_HOME/mlgym-registry/envs``,
-    else ``~/.cache/mlgym-registry/envs``."""
+    """The folder of the prepared environments: ``$MLGYM_REGISTRY_ENVS``, else ``envs`` in the package's cache folder
+    (``machine.cache_root``), ``~/.cache/mlgym-registry/envs`` by default."""
     explicit = os.environ.get(ENVS_ENV, "").strip()
     if explicit:
         return Path(explicit).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
-    return Path(cache).expanduser() / "mlgym-registry" / "envs"
+    return cache_root() / "envs"
 
 
 def environment_key(requirements: Iterable[str]) -> str:

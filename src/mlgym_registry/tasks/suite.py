@@ -11,21 +11,22 @@ import os
 from pathlib import Path
 
 from ..errors import InvalidTaskError
+from ..machine import cache_root
 from ..specs import TaskSpec, load_task_yaml
 
 TASKS_DIR = Path(__file__).parent
 """The folder of our task suite: ``<id>.yaml`` files here, their starter files under ``data/<id>/``."""
 
 CACHE_ENV = "MLGYM_REGISTRY_CACHE"
+"""The variable that moves generated task data (and the integrity reports kept with it) out of the cache folder."""
 
 
 def cache_dir() -> Path:
-    """Where generated task data goes: ``$MLGYM_REGISTRY_CACHE``, else ``$XDG_CACHE_HOME/mlgym_registry``, else
-    ``~/.cache/mlgym_registry``."""
+    """Where generated task data goes: ``$MLGYM_REGISTRY_CACHE``, else the package's cache folder
+    (``machine.cache_root``, ``~/.cache/mlgym-registry`` by default)."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "mlgym_registry"
+    return cache_root()
 
 
 def load_suite_task(path: str | Path) -> TaskSpec:
