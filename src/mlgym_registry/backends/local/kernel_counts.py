@@ -105,13 +105,13 @@ def filter_path() -> str:
     shares (``_folder``): nothing is left per process, however it ends (a pool's worker is terminated, a
     multiprocessing child leaves by ``os._exit``, where exit handlers never run). Written again if something removed
     it meanwhile, as a cleaner of old files in ``/tmp`` may."""
-    path = os.path.join(_folder(), _FILTER_NAME)
+    path = os.path.join(_folder(), _filter_name())
     if not os.path.exists(path):
         folder = os.path.dirname(path)
-        if not _own_private_folder(folder, make=True):
+        if not _own_private_folder(folder):
             _folder.cache_clear()  # someone else's now: this process falls back to a folder of its own
             folder = _folder()
-        path = os.path.join(folder, _FILTER_NAME)
+        path = os.path.join(folder, _filter_name())
         partial = f"{path}.{os.getpid()}.{threading.get_ident()}"
         with open(partial, "wb") as file:
             file.write(program())
@@ -119,8 +119,10 @@ def filter_path() -> str:
     return path
 
 
-_FILTER_NAME = f"{platform.machine() or 'any'}-{hashlib.sha256(program()).hexdigest()[:16]}.bpf"
-"""The filter's file name: a changed filter (another release) never reads an older one's file."""
+@functools.cache
+def _filter_name() -> str:
+    """The filter's file name: a changed filter (another release) never reads an older one's file."""
+    return f"{platform.machine() or 'any'}-{hashlib.sha256(program()).hexdigest()[:16]}.bpf"
 
 
 @functools.cache
@@ -128,19 +130,18 @@ def _folder() -> str:
     """``mlgr-seccomp-<uid>`` in the temporary folder when it is this user's alone (made here, mode 0700, or found
     so), else, as when another user made it first, a new folder of this process's own, removed at its exit."""
     shared = os.path.join(tempfile.gettempdir(), f"mlgr-seccomp-{os.getuid()}")
-    if _own_private_folder(shared, make=True):
+    if _own_private_folder(shared):
         return shared
     folder = tempfile.mkdtemp(prefix="mlgr-seccomp-")
     atexit.register(_remove, folder, os.getpid())
     return folder
 
 
-def _own_private_folder(folder: str, *, make: bool) -> bool:
-    """Whether ``folder`` is a folder (no link) this user owns that no one else may enter; ``make``: made so first
-    when it does not exist."""
-    if make:
-        with contextlib.suppress(OSError):
-            os.mkdir(folder, 0o700)
+def _own_private_folder(folder: str) -> bool:
+    """Whether ``folder`` is a folder (no link) this user owns that no one else may enter, made so first when it
+    does not exist."""
+    with contextlib.suppress(OSError):
+        os.mkdir(folder, 0o700)
     try:
         info = os.lstat(folder)
     except OSError:
