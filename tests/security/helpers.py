@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -248,3 +249,38 @@ def foreign_inputs(env: LocalBackend) -> list[str]:
     opened = env.last_evaluation_trace.get("opened", [])
     assert any(path.startswith(str(env.task_workspace)) for path in opened), f"the trace saw no workspace: {opened}"
     return env.foreign_inputs(opened)
+
+
+STARVED_QUOTA_US = 1000
+"""The CPU quota a starved env is left, per period (the kernel's smallest: 1% of a core)."""
+
+CFS_PERIOD_US = 100_000
+"""The period of that quota (the kernel's default)."""
+
+
+def starve(env: LocalBackend) -> list[subprocess.Popen]:
+    """The host's squeeze on ``env``: the lowest CPU weight and a quota of 1% of a core on its cgroup, and busy
+    processes outside every env, four per core, so that what ``env`` runs gets almost no CPU whatever else the machine
+    runs (the weight alone let an evaluation through once, at load 20: 0.19 s of CPU in 7.1 s). Returns the busy
+    processes, for ``stop_hogs``; skips the test where the env has no CPU weight of its own."""
+    import pytest
+
+    from mlgym_registry.backends.local import cgroups
+
+    envelope = env._res.envelope
+    if envelope is None or not envelope.weighted:
+        pytest.skip(f"needs a CPU weight of the env's own on this host: {env.notes}")
+    if "cpu" in envelope.roots:
+        (envelope.roots["cpu"] / "cpu.shares").write_text("2")
+        (envelope.roots["cpu"] / "cpu.cfs_quota_us").write_text(str(STARVED_QUOTA_US))
+    else:
+        (envelope.roots["unified"] / "cpu.weight").write_text("1")
+        (envelope.roots["unified"] / "cpu.max").write_text(f"{STARVED_QUOTA_US} {CFS_PERIOD_US}")
+    return [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4 * cgroups.CPUS)]
+
+
+def stop_hogs(hogs: list[subprocess.Popen]) -> None:
+    """End what ``starve`` started."""
+    for hog in hogs:
+        hog.kill()
+        hog.wait()

@@ -21,7 +21,7 @@ import pytest
 from mlgym_registry import registry
 from mlgym_registry.backends.local import LocalBackend, cgroups, eval_clock
 
-from .helpers import SEED, open_backend, status, validate, write_file
+from .helpers import SEED, open_backend, starve, status, stop_hogs, validate, write_file
 
 pytestmark = [pytest.mark.security, pytest.mark.slow]
 
@@ -296,19 +296,12 @@ def clock_figures(clocks: list[eval_clock.EvaluationClock], evaluation: dict[str
             f"{clock.stall:.2f} s and {clock.ran:.2f} s of CPU; first reading {first}")
 
 
-STARVED_QUOTA_US = 1000
-"""The CPU quota a starved env is left, per period (the kernel's smallest: 1% of a core)."""
-
-CFS_PERIOD_US = 100_000
-"""The period of that quota (the kernel's default)."""
-
-
 def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path, monkeypatch):
     """The machine's load (busy processes outside every env, and this env's CPU weight and quota lowered from the
     host) leaves an honest evaluation no CPU: at the wall-time backstop it is the machine's failure, not the agent's.
 
-    The starvation starts once the agent's ``validate`` command has asked for the evaluation: starving the env's shell
-    too would time out the command itself (and the new shell's set-up) on a machine already loaded by other tests."""
+    The starvation starts once the agent's ``validate`` command has asked for the evaluation, so that what reaches the
+    backstop is the evaluation (a starved command has a clock of its own: ``test_command_clock.py``)."""
     monkeypatch.setattr(eval_clock, "BACKSTOP_EXTRA", 0.0)  # a backstop of 4 x 2 s, not 4 x 2 + 60 s
     env = open_backend(mini_spec.replace(training_timeout=2), workspace_dir=str(tmp_path))
     hogs: list[subprocess.Popen] = []
@@ -317,16 +310,8 @@ def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path
     clocks = watched_clocks(monkeypatch)
 
     def starved_evaluate(info, action):
-        # the host's squeeze: the lowest weight, and a quota of 1% of a core, so that the evaluation cannot get the
-        # CPU it needs (about 0.2 s) before the backstop whatever else the machine runs (the weight alone let it
-        # through once, at load 20: 0.19 s of CPU in 7.1 s)
-        if "cpu" in envelope.roots:
-            (envelope.roots["cpu"] / "cpu.shares").write_text("2")
-            (envelope.roots["cpu"] / "cpu.cfs_quota_us").write_text(str(STARVED_QUOTA_US))
-        else:
-            (envelope.roots["unified"] / "cpu.weight").write_text("1")
-            (envelope.roots["unified"] / "cpu.max").write_text(f"{STARVED_QUOTA_US} {CFS_PERIOD_US}")
-        hogs.extend(subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4 * cgroups.CPUS))
+        # the evaluation cannot get the CPU it needs (about 0.2 s) before the backstop
+        hogs.extend(starve(env))
         started = time.monotonic()
         try:
             return evaluate(info, action)
@@ -345,9 +330,7 @@ def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path
         took = evaluation["took"]
         assert eval_clock.backstop(2) <= took < eval_clock.backstop(2) + 30, took  # stopping starved processes
     finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
+        stop_hogs(hogs)
         env.close()
 
 

@@ -384,9 +384,10 @@ class LocalBackend:
         result = session.run(input, timeout_duration, quiet, after=after)
         output = cap(result.output, self.max_output_chars)
         if result.timed_out:
-            note = ""
+            note = result.starved_note
             if result.marker_lost or result.shell_died:
-                note = self._restart(result, "did not return after its command was stopped")
+                restart = self._restart(result, "did not return after its command was stopped")
+                note = f"{note}\n{restart}" if note else restart
             self.returncode = result.returncode
             seconds = timeout_duration if result.timed_out == "total" else quiet
             raise CommandTimeout(result.timed_out, seconds, output, note)

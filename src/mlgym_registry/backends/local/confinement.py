@@ -280,6 +280,7 @@ class Confinement:
             max_output_bytes=max_output_bytes,
             extra_kill=self.resources.members_of_part(part, cgroup),
             sandboxed=self.sandboxed,
+            meter=self.resources.cpu_meter(part),
         )
 
     def setup_script(self, *, tools: bool, source_files: list[str]) -> str:

@@ -88,7 +88,7 @@ class EvaluationClock:
         (usage, driver_cpu, driver_wait), (first, first_cpu, first_wait) = reading, self.first
         waited = sum(own_wait(pid) for pid in own_processes(self.roots)) + max(driver_wait - first_wait, 0.0)
         self.ran = max(usage.cpu - first.cpu, 0.0) + max(driver_cpu - first_cpu, 0.0)
-        self.stall = max(self.stall, min(waited, max(now - self.began - self.ran, 0.0)))
+        self.stall = max(self.stall, stall_seconds(waited, now - self.began, self.ran))
         return self.stall
 
     def left(self) -> float:
@@ -120,6 +120,12 @@ class EvaluationClock:
             f"work of this machine held, and used {self.ran:.1f} seconds of CPU. This is the machine's load, not the "
             "submission's fault."
         )
+
+
+def stall_seconds(waited: float, wall: float, ran: float) -> float:
+    """The module's rule: of ``wall`` seconds, those in which its processes ``waited`` for a CPU and nothing of it
+    ran (``ran``: the CPU seconds they used)."""
+    return min(waited, max(wall - ran, 0.0))
 
 
 def own_processes(roots: frozenset[int] | set[int]) -> set[int]:

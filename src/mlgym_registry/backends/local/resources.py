@@ -155,6 +155,13 @@ class Resources:
             return lambda: envelope.members_of(name)
         return cgroup.members if cgroup is not None else None
 
+    def cpu_meter(self, part: str) -> cgroups.CpuMeter | None:
+        """What counts the CPU a shell started now in ``part`` uses and waits for: its envelope folder's, whatever
+        part it plays later (``cgroups.CpuMeter``); None where nothing counts it."""
+        if self.envelope is None:
+            return None
+        return self.envelope.cpu_meter(self.envelope.folder_name(part))
+
     def limit_events(self) -> int:
         """Memory kills and process-limit hits of this env so far (each cgroup's own count)."""
         memory, pids = self.memory, self.cgroup

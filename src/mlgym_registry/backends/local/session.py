@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import procs
+from .command_clock import CommandClock, Meter
 from .output import CappedBuffer, normalise
 
 INTERRUPT_GRACE = 3.0
@@ -40,6 +41,7 @@ class Result:
     timed_out: str | None = None  # None, "total" or "no_output"
     shell_died: bool = False
     marker_lost: bool = False  # timed out and the shell never came back: the caller must restart it
+    starved_note: str = ""  # timed out at the backstop, its clock short: the machine's load (command_clock)
 
 
 class ShellSession:
@@ -56,11 +58,15 @@ class ShellSession:
         max_output_bytes: int = 400_000,
         extra_kill: Callable[[], set[int]] | None = None,
         sandboxed: bool = False,
+        meter: Meter | None = None,
     ):
         """Start the shell. ``sandboxed``: ``prefix`` starts a sandbox whose first process is the shell, so the shell
         is a descendant of the process started here (never that process itself), and every process of the session is
-        a descendant too (the sandbox's PID namespace makes the shell the reaper of orphans)."""
+        a descendant too (the sandbox's PID namespace makes the shell the reaper of orphans). ``meter``: the CPU the
+        session's processes used and waited for, so that a command's time limits count only the time it could run
+        (``command_clock``; None: only this process's reading thread is counted)."""
         self._new_token()
+        self._meter = meter
         self._sandboxed = sandboxed
         self.max_output_bytes = max_output_bytes
         self._extra_kill = extra_kill
@@ -169,19 +175,32 @@ class ShellSession:
         """Feed ``pending`` to the shell and collect its output until the marker.
 
         Writing and reading are interleaved so that a long command whose first part prints a lot cannot deadlock
-        with both pipes full.
+        with both pipes full. The limits are kept on the command's clock (``command_clock``).
         """
         buffer = CappedBuffer(self.max_output_bytes)
         recent = b""
-        now = time.monotonic()
-        deadline, quiet_deadline = now + timeout, now + no_output_timeout
+        clock = CommandClock(self._meter)
+        quiet_since, quiet_stall = clock.began, 0.0  # the no-output limit counts from the last output
         while True:
-            now = time.monotonic()
-            if now >= deadline or now >= quiet_deadline:
-                kind = "total" if now >= deadline else "no_output"
-                return self._interrupt(buffer, recent, kind)
+            left = clock.left(timeout)
+            quiet_left = clock.left(no_output_timeout, quiet_since, quiet_stall)
+            if left <= 0 or quiet_left <= 0:
+                # this process may be the one that ran late: what the command printed in time is read first
+                data = self._ready_output()
+                if data:
+                    buffer.add(data)
+                    recent = (recent + data)[-512:]
+                    match = self._marker(recent)
+                    if match:
+                        return Result(self._text(buffer, raw), _to_int(match.group(1)))
+                    if left > 0:  # it was not quiet: the reader was late
+                        quiet_since, quiet_stall = time.monotonic(), clock.stall
+                        continue
+                result = self._interrupt(buffer, recent, "total" if left <= 0 else "no_output")
+                result.starved_note = clock.starved_note() if clock.starved else ""
+                return result
             writers = [self._in] if pending else []
-            ready, writable, _ = select.select([self._fd], writers, [], min(deadline, quiet_deadline) - now)
+            ready, writable, _ = select.select([self._fd], writers, [], min(left, quiet_left))
             if writable:
                 try:
                     pending = pending[os.write(self._in, pending[: 1 << 16]) :]
@@ -197,11 +216,24 @@ class ShellSession:
             if not data:  # EOF: the shell is gone
                 return Result(self._text(buffer), self._exit_status(), shell_died=True)
             buffer.add(data)
-            quiet_deadline = time.monotonic() + no_output_timeout
+            quiet_since, quiet_stall = time.monotonic(), clock.stall
             recent = (recent + data)[-512:]
             match = self._marker(recent)
             if match:
                 return Result(self._text(buffer, raw), _to_int(match.group(1)))
+
+    def _ready_output(self, limit: int = 1 << 20) -> bytes:
+        """What the shell has written and this process not yet read, up to about ``limit`` bytes (a command still
+        printing would never let it end); empty at EOF too: the caller's next read finds it."""
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit and select.select([self._fd], [], [], 0)[0]:
+            data = self._read_available()
+            if not data:
+                break
+            chunks.append(data)
+            size += len(data)
+        return b"".join(chunks)
 
     def _read_available(self) -> bytes | None:
         try:
@@ -284,10 +316,7 @@ class ShellSession:
     def discard_pending(self) -> int:
         """Drop output waiting in the pipe (written after the last command ended); returns how many bytes."""
         dropped = 0
-        while select.select([self._fd], [], [], 0)[0]:
-            data = self._read_available()
-            if not data:
-                break
+        while data := self._ready_output():
             dropped += len(data)
         return dropped
 

@@ -1,0 +1,149 @@
+"""A command's time limits count only the time it could run (``backends/local/command_clock.py``): a command the
+machine's load starves, or whose output this process reads late, is not timed out for it, while a command that uses
+its time (running, sleeping, or waiting behind the agent's own busy loops) is timed out as in MLGym.
+
+The starvation is the host's own squeeze (``helpers.starve``: the env's CPU weight and quota lowered, busy processes
+outside every env), and for the reader a cgroup of its own with 1% of a core: real starvation, measured by the real
+counters."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from mlgym_registry.backends.local import cgroups, eval_clock
+
+from .helpers import STARVED_QUOTA_US, open_backend, starve, status, stop_hogs
+
+pytestmark = [pytest.mark.security, pytest.mark.slow]
+
+LIMIT = 3
+"""The commands' time limits here, total and without output (seconds). Under the squeeze about a tenth of the
+wall time counts neither as running nor as waiting (the kernel's accounting of a throttled cgroup), so a starved
+command's clock still advances: the limit leaves room for the counting loop's ten seconds and more."""
+
+COUNT_TO = 20_000
+"""A bash loop to this count needs a few tenths of a second of CPU: at 1% of a core, ten seconds and more."""
+
+COUNTING = f"i=0; while [ $i -lt {COUNT_TO} ]; do i=$((i+1)); done; echo counted $i"
+
+
+def limited_backend(spec, tmp_path, **options):
+    """A backend whose commands have ``LIMIT`` seconds in all and without output (the no-output limit is the task's
+    ``training_timeout``, as in MLGym)."""
+    return open_backend(spec.replace(training_timeout=LIMIT), workspace_dir=str(tmp_path), command_timeout=LIMIT,
+                        **options)
+
+
+def test_a_command_the_machine_starves_is_given_its_time(mini_spec, tmp_path):
+    """Starved, the counting loop runs far past its wall-time limits and is not timed out: it had its time only
+    when it could run."""
+    env = limited_backend(mini_spec, tmp_path)
+    hogs = []
+    try:
+        hogs = starve(env)
+        started = time.monotonic()
+        observation, _, _, _ = env.step(COUNTING)
+        took = time.monotonic() - started
+        assert f"counted {COUNT_TO}" in observation and "TIMED OUT" not in observation, observation
+        assert took > LIMIT, f"{took:.1f} s: the squeeze did not starve the command, so this tested nothing"
+    finally:
+        stop_hogs(hogs)
+        env.close()
+
+
+def test_a_starved_command_stopped_at_its_backstop_says_it_was_the_machine(mini_spec, tmp_path, monkeypatch):
+    """A command that cannot get the CPU it needs before the backstop is stopped there, and its observation says
+    that the machine's load stopped it, not the command."""
+    monkeypatch.setattr(eval_clock, "BACKSTOP_EXTRA", 0.0)  # a backstop of 4 x 3 s, not 4 x 3 + 60 s
+    env = limited_backend(mini_spec, tmp_path)
+    hogs = []
+    try:
+        hogs = starve(env)
+        observation, _, _, _ = env.step("while :; do :; done")
+        assert "EXECUTION TIMED OUT BECAUSE THE COMMAND WAS RUNNING FOR MORE THAN 3 SECONDS" in observation
+        assert "This is the machine's load, not the command's doing" in observation, observation
+        stop_hogs(hogs)
+        hogs = []
+        output, code = status(env, "echo still here")
+        assert (output.strip(), code) == ("still here", 0)
+    finally:
+        stop_hogs(hogs)
+        env.close()
+
+
+LOOPS = 30
+"""Busy loops the agent leaves running in the background before its command."""
+
+
+@pytest.mark.parametrize("command, kind", [
+    ("while :; do :; done", "THE COMMAND WAS RUNNING FOR MORE THAN 3 SECONDS"),
+    ("sleep 600", "THE COMMAND WAS RUNNING FOR MORE THAN 3 SECONDS"),
+    ("echo begun; sleep 600", "NO OUTPUT WAS PRODUCED FOR MORE THAN 3 SECONDS"),
+], ids=["busy", "sleeping", "quiet"])
+def test_a_command_that_uses_its_time_is_timed_out_as_in_mlgym(mini_spec, tmp_path, command, kind):
+    """Beside the agent's own busy loops (the waiting they cause is the agent's, never a stall), a command that
+    spins, sleeps or stays quiet runs out of its time before the backstop, with MLGym's text and no note."""
+    env = limited_backend(mini_spec, tmp_path, max_processes=128)
+    try:
+        output, code = status(env, f"for i in $(seq {LOOPS}); do setsid sh -c 'while :; do :; done' "
+                                   ">/dev/null 2>&1 & done; echo started", timeout=60)
+        assert code == 0 and "started" in output, output
+        if command.startswith("echo"):  # the total limit must not come first: only the quiet one is tested
+            env.command_timeout = 600
+        started = time.monotonic()
+        observation, _, _, _ = env.step(command)
+        took = time.monotonic() - started
+        assert f"EXECUTION TIMED OUT BECAUSE {kind}" in observation, observation
+        assert "machine's load" not in observation, observation
+        assert took < eval_clock.backstop(LIMIT), f"{took:.1f} s: the agent's own loops were counted as a stall"
+    finally:
+        env.close()
+
+
+READER_PERIOD_US = 1_000_000
+"""The period of the reading thread's quota (the kernel's longest): ``STARVED_QUOTA_US`` in it is 0.1% of a core."""
+
+
+@contextlib.contextmanager
+def this_thread_starved() -> Iterator[None]:
+    """This thread alone in a cgroup with 0.1% of a core (v1 ``cpu``, where a thread may move alone): the process
+    reading a command's output runs late, as a driver on a loaded machine does."""
+    hierarchy = next((h for h in cgroups.hierarchies() if not h.v2 and "cpu" in h.controllers), None)
+    own = hierarchy.own_folder() if hierarchy is not None else None
+    if own is None:
+        pytest.skip("needs a v1 cpu hierarchy, where one thread can be given a quota of its own")
+    folder = own / f"mlgr-test-reader-{os.getpid()}"
+    try:
+        folder.mkdir()
+        (folder / "cpu.cfs_period_us").write_text(str(READER_PERIOD_US))
+        (folder / "cpu.cfs_quota_us").write_text(str(STARVED_QUOTA_US))
+    except OSError as exc:
+        pytest.skip(f"cannot make a cpu cgroup here: {exc}")
+    thread = str(threading.get_native_id())
+    try:
+        (folder / "tasks").write_text(thread)
+        yield
+    finally:
+        (own / "tasks").write_text(thread)
+        folder.rmdir()
+
+
+def test_output_the_reader_takes_late_is_not_a_timeout(mini_spec, tmp_path):
+    """The command prints four megabytes at once and ends; the thread that reads them gets 0.1% of a core, so it
+    reads them long after the limits. Its own wait for a CPU is a stall: the output is whole, no timeout."""
+    env = limited_backend(mini_spec, tmp_path, max_output_chars=10_000)
+    try:
+        with this_thread_starved():
+            started = time.monotonic()
+            observation, _, _, _ = env.step("seq 1 600000; echo all printed")
+            took = time.monotonic() - started
+        assert observation.rstrip().endswith("all printed") and "TIMED OUT" not in observation, observation[-300:]
+        assert took > LIMIT, f"{took:.1f} s: the reader was not starved, so this tested nothing"
+    finally:
+        env.close()
