@@ -258,24 +258,30 @@ CFS_PERIOD_US = 100_000
 """The period of that quota (the kernel's default)."""
 
 
-def starve(env: LocalBackend) -> list[subprocess.Popen]:
-    """The host's squeeze on ``env``: the lowest CPU weight and a quota of 1% of a core on its cgroup, and busy
-    processes outside every env, four per core, so that what ``env`` runs gets almost no CPU whatever else the machine
-    runs (the weight alone let an evaluation through once, at load 20: 0.19 s of CPU in 7.1 s). Returns the busy
-    processes, for ``stop_hogs``; skips the test where the env has no CPU weight of its own."""
+def squeeze(env: LocalBackend, quota_us: int = STARVED_QUOTA_US, *, lowest_weight: bool = True) -> None:
+    """The host's squeeze on ``env``: a quota of ``quota_us`` per period on its cgroup (default 1% of a core) and the
+    lowest CPU weight, so that what ``env`` runs gets almost no CPU whatever else the machine runs (the weight alone
+    let an evaluation through once, at load 20: 0.19 s of CPU in 7.1 s). Skips the test where the env has no CPU
+    weight of its own."""
     import pytest
-
-    from mlgym_registry.backends.local import cgroups
 
     envelope = env._res.envelope
     if envelope is None or not envelope.weighted:
         pytest.skip(f"needs a CPU weight of the env's own on this host: {env.notes}")
     if "cpu" in envelope.roots:
-        (envelope.roots["cpu"] / "cpu.shares").write_text("2")
-        (envelope.roots["cpu"] / "cpu.cfs_quota_us").write_text(str(STARVED_QUOTA_US))
+        if lowest_weight:
+            (envelope.roots["cpu"] / "cpu.shares").write_text("2")
+        (envelope.roots["cpu"] / "cpu.cfs_quota_us").write_text(str(quota_us))
     else:
-        (envelope.roots["unified"] / "cpu.weight").write_text("1")
-        (envelope.roots["unified"] / "cpu.max").write_text(f"{STARVED_QUOTA_US} {CFS_PERIOD_US}")
+        if lowest_weight:
+            (envelope.roots["unified"] / "cpu.weight").write_text("1")
+        (envelope.roots["unified"] / "cpu.max").write_text(f"{quota_us} {CFS_PERIOD_US}")
+
+
+def cpu_hogs() -> list[subprocess.Popen]:
+    """Busy processes outside every env, four per core: the machine's load (``stop_hogs`` ends them)."""
+    from mlgym_registry.backends.local import cgroups
+
     return [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4 * cgroups.CPUS)]
 
 

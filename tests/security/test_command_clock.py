@@ -2,9 +2,8 @@
 machine's load starves, or whose output this process reads late, is not timed out for it, while a command that uses
 its time (running, sleeping, or waiting behind the agent's own busy loops) is timed out as in MLGym.
 
-The starvation is the host's own squeeze (``helpers.starve``: the env's CPU weight and quota lowered, busy processes
-outside every env), and for the reader a cgroup of its own with 1% of a core: real starvation, measured by the real
-counters."""
+The starvation is the host's own squeeze (``helpers.squeeze``: the env's CPU weight lowered and its quota 1% of a
+core), and for the reader a cgroup of its own with 0.1% of a core: real starvation, measured by the real counters."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import pytest
 
 from mlgym_registry.backends.local import cgroups, eval_clock
 
-from .helpers import STARVED_QUOTA_US, open_backend, starve, status, stop_hogs
+from .helpers import CFS_PERIOD_US, STARVED_QUOTA_US, open_backend, squeeze, status
 
 pytestmark = [pytest.mark.security, pytest.mark.slow]
 
@@ -44,16 +43,14 @@ def test_a_command_the_machine_starves_is_given_its_time(mini_spec, tmp_path):
     """Starved, the counting loop runs far past its wall-time limits and is not timed out: it had its time only
     when it could run."""
     env = limited_backend(mini_spec, tmp_path)
-    hogs = []
     try:
-        hogs = starve(env)
+        squeeze(env)
         started = time.monotonic()
         observation, _, _, _ = env.step(COUNTING)
         took = time.monotonic() - started
         assert f"counted {COUNT_TO}" in observation and "TIMED OUT" not in observation, observation
         assert took > LIMIT, f"{took:.1f} s: the squeeze did not starve the command, so this tested nothing"
     finally:
-        stop_hogs(hogs)
         env.close()
 
 
@@ -62,23 +59,20 @@ def test_a_starved_command_stopped_at_its_backstop_says_it_was_the_machine(mini_
     that the machine's load stopped it, not the command."""
     monkeypatch.setattr(eval_clock, "BACKSTOP_EXTRA", 0.0)  # a backstop of 4 x 3 s, not 4 x 3 + 60 s
     env = limited_backend(mini_spec, tmp_path)
-    hogs = []
     try:
-        hogs = starve(env)
+        squeeze(env)
         observation, _, _, _ = env.step("while :; do :; done")
         assert "EXECUTION TIMED OUT BECAUSE THE COMMAND WAS RUNNING FOR MORE THAN 3 SECONDS" in observation
         assert "This is the machine's load, not the command's doing" in observation, observation
-        stop_hogs(hogs)
-        hogs = []
         output, code = status(env, "echo still here")
         assert (output.strip(), code) == ("still here", 0)
     finally:
-        stop_hogs(hogs)
         env.close()
 
 
-LOOPS = 30
-"""Busy loops the agent leaves running in the background before its command."""
+LOOPS = 8
+"""Busy loops the agent leaves running in the background before its command, in an env held to one core (so that
+they wait for a CPU among themselves, and burn no more than a core of the suite's)."""
 
 
 @pytest.mark.parametrize("command, kind", [
@@ -91,6 +85,7 @@ def test_a_command_that_uses_its_time_is_timed_out_as_in_mlgym(mini_spec, tmp_pa
     spins, sleeps or stays quiet runs out of its time before the backstop, with MLGym's text and no note."""
     env = limited_backend(mini_spec, tmp_path, max_processes=128)
     try:
+        squeeze(env, CFS_PERIOD_US, lowest_weight=False)
         output, code = status(env, f"for i in $(seq {LOOPS}); do setsid sh -c 'while :; do :; done' "
                                    ">/dev/null 2>&1 & done; echo started", timeout=60)
         assert code == 0 and "started" in output, output

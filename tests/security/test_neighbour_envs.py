@@ -21,7 +21,7 @@ import pytest
 from mlgym_registry import registry
 from mlgym_registry.backends.local import LocalBackend, cgroups, eval_clock
 
-from .helpers import SEED, open_backend, starve, status, stop_hogs, validate, write_file
+from .helpers import SEED, cpu_hogs, open_backend, squeeze, status, stop_hogs, validate, write_file
 
 pytestmark = [pytest.mark.security, pytest.mark.slow]
 
@@ -311,7 +311,8 @@ def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path
 
     def starved_evaluate(info, action):
         # the evaluation cannot get the CPU it needs (about 0.2 s) before the backstop
-        hogs.extend(starve(env))
+        squeeze(env)
+        hogs.extend(cpu_hogs())
         started = time.monotonic()
         try:
             return evaluate(info, action)

@@ -4,46 +4,69 @@ what the machine's load took from it is not charged to the agent (the rule of ``
 A limit of ``T`` seconds is measured on the command's clock, the wall time less the time it *stalled*:
 
     stall  = eval_clock.stall_seconds(waited, wall, ran)
-    waited = the time in which a runnable process of the shell's cgroup waited for a CPU (its ``cpu.pressure``
-             ``some`` total: exited processes count, and one second counts once however many waited), plus the
-             run-queue wait of the thread that reads the command's output (a reader that ran late must not make the
-             command late)
-    ran    = the CPU time the shell's cgroup (everything the agent runs) and the reading thread used
+    waited = the command's wait for a CPU, plus the run-queue wait of the thread that reads its output (a reader that
+             ran late must not make the command late). The command's wait is the larger of two lower bounds of the
+             time in which one of its processes waited: the longest run-queue wait (``/proc/<tid>/schedstat``) of a
+             thread of the shell or of a process started since the command began, and the shell cgroup's
+             ``cpu.pressure`` ``some`` total, which counts exited processes too but averages over the CPUs a process
+             moved between (a starved loop hopping over 2 busy cores showed two thirds of its wait there, all of it
+             in its schedstat)
+    ran    = the CPU time the shell's cgroup (everything the agent runs; without a cgroup, the threads above) and the
+             reading thread used
 
-Without a cgroup that counts waiting (no unified hierarchy, or a kernel without PSI) only the reading thread's wait
-counts. ``wall - ran`` bounds the stall as in ``eval_clock``: what the agent's own processes kept waiting, while its
-others held the CPUs, is never a stall.
+What the agent left running before the command (background jobs) adds no wait of its own, and ``wall - ran`` bounds
+the stall as in ``eval_clock``: what the agent's processes kept waiting while its others held the CPUs is never a
+stall.
 
 - The clock reaches ``T``: the command had its time, MLGym's timeout as before.
 - The wall-time backstop, ``eval_clock.backstop(T)``, ends it anyway: its clock is then still short of ``T``, the
   machine's load stopped it (``starved``), and its observation says so.
 
-A no-output limit counts from the command's last output. Nothing is read before the wall time reaches a limit, so a
-command that ends in time costs one reading, at its start.
+A no-output limit counts from the command's last output. Before the wall time reaches a limit nothing but the
+command's start is read (four small files), so a command that ends in time costs that alone.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from .cgroups import thread_times
-from .eval_clock import MIN_WAIT, backstop, stall_seconds
+from .cgroups import process_threads, thread_times
+from .eval_clock import stall_seconds, starved_account, time_left
 
 Meter = Callable[[], tuple[float, float] | None]
-"""The CPU seconds the shell's processes used and the seconds they waited for a CPU, both cumulative; None when they
-cannot be read (``cgroups.Envelope.cpu_and_wait``)."""
+"""The CPU seconds the shell's processes used and the seconds in which one of them waited for a CPU, both
+cumulative; None when they cannot be read (``cgroups.CpuMeter``)."""
+
+TICKS = os.sysconf("SC_CLK_TCK")
+"""The unit of a process's start time in ``/proc/<pid>/stat``, per second."""
+
+
+@dataclass(frozen=True)
+class _Reading:
+    cpu: float  # the cgroup's CPU (metered) or the shell's, and the reading thread's
+    pressure: float  # the cgroup's cpu.pressure "some" total (0 without a meter)
+    reader_wait: float
+    shell_wait: float
+    metered: bool
 
 
 class CommandClock:
-    """The clock of one command, started when the command is sent; ``meter`` counts the shell's processes (None: only
-    the reading thread, the one that makes the clock, is counted)."""
+    """The clock of one command, started when the command is sent. ``meter`` counts the shell's cgroup (None: not
+    counted), ``shell`` is the shell's pid and ``processes`` lists the session's other processes (the command's among
+    them); the thread that makes the clock is the one that reads the command's output."""
 
-    def __init__(self, meter: Meter | None = None):
+    def __init__(self, meter: Meter | None = None, shell: int | None = None,
+                 processes: Callable[[], set[int]] | None = None):
         self._meter = meter
+        self._shell = shell
+        self._processes = processes
         self.began = time.monotonic()
+        self._born = _ticks_since_boot()
         self._first = self._read()
-        if not self._first[2]:
+        if not self._first.metered:
             self._meter = None  # unread at the start, its later readings could not be compared
         self.stall = 0.0
         """Seconds the command stalled since it began, as last read."""
@@ -52,45 +75,60 @@ class CommandClock:
         self.starved = False
         """Whether a limit ended at its backstop with the clock still short of it: the machine's fault."""
 
-    def _read(self) -> tuple[float, float, bool]:
-        """CPU used and time waited so far, and whether the meter's part is in them."""
-        cpu, waits = thread_times()
-        waited = sum(waits.values())
-        shell = self._meter() if self._meter is not None else None
-        if shell is None:
-            return cpu, waited, False
-        return cpu + shell[0], waited + shell[1], True
+    def _read(self) -> _Reading:
+        reader_cpu, reader_waits = thread_times()
+        shell_cpu, shell_waits = thread_times({self._shell}) if self._shell else (0.0, {})
+        counted = self._meter() if self._meter is not None else None
+        cpu, pressure = counted if counted is not None else (shell_cpu, 0.0)
+        return _Reading(cpu + reader_cpu, pressure, sum(reader_waits.values()), sum(shell_waits.values()),
+                        counted is not None)
 
     def stalled(self, now: float) -> float:
         """Seconds the command stalled since it began."""
-        cpu, waited, metered = self._read()
-        first_cpu, first_waited, first_metered = self._first
-        if metered != first_metered:  # the shell's count could not be read this time: the last reading stands
+        reading, first = self._read(), self._first
+        if reading.metered != first.metered:  # the cgroup could not be read this time: the last reading stands
             return self.stall
-        self.ran = max(cpu - first_cpu, 0.0)
-        self.stall = max(self.stall, stall_seconds(max(waited - first_waited, 0.0), now - self.began, self.ran))
+        newcomers_cpu, newcomers_wait = self._newcomers()
+        own_wait = max(reading.shell_wait - first.shell_wait, newcomers_wait, reading.pressure - first.pressure)
+        waited = max(own_wait, 0.0) + max(reading.reader_wait - first.reader_wait, 0.0)
+        self.ran = max(reading.cpu - first.cpu, 0.0) + (0.0 if reading.metered else newcomers_cpu)
+        self.stall = max(self.stall, stall_seconds(waited, now - self.began, self.ran))
         return self.stall
+
+    def _newcomers(self) -> tuple[float, float]:
+        """The CPU the threads of the processes started since the command began used, and the longest wait of one."""
+        if self._processes is None:
+            return 0.0, 0.0
+        newcomers = {pid for pid in self._processes() if _started_at(pid) >= self._born}
+        cpu, waits = thread_times(process_threads(newcomers))
+        return cpu, max(waits.values(), default=0.0)
 
     def left(self, timeout: float, since: float | None = None, stall_then: float = 0.0) -> float:
         """Seconds left of a limit of ``timeout`` seconds counted from ``since`` (wall, ``time.monotonic``; default
         the command's start), when ``stall_then`` seconds of stall had been read by then; 0 or less once it is up."""
         now = time.monotonic()
         wall = now - (self.began if since is None else since)
-        if wall < timeout:
-            return timeout - wall  # the clock cannot be ahead of the wall: nothing to read yet
-        charged = wall - max(self.stalled(now) - stall_then, 0.0)
-        limit = backstop(timeout)
-        if wall >= limit:
-            self.starved = self.starved or charged < timeout
-            return 0.0
-        left = timeout - charged
-        return min(max(left, MIN_WAIT), limit - wall) if left > 0 else left
+        left, starved = time_left(wall, timeout, lambda: max(self.stalled(now) - stall_then, 0.0))
+        self.starved = self.starved or starved
+        return left
 
-    def starved_note(self) -> str:
-        """What a command stopped at its backstop was told (``starved``)."""
-        wall = time.monotonic() - self.began
-        return (
-            f"NOTE: the command was stopped after {wall:.0f} seconds of wall time, though its time limit counts only "
-            f"the time it could run: it waited {self.stall:.0f} seconds for a CPU that other work of this machine "
-            f"held, and used {self.ran:.1f} seconds of CPU. This is the machine's load, not the command's doing."
-        )
+    def starved_note(self, timeout: float) -> str:
+        """What a command stopped at the backstop of its limit of ``timeout`` seconds is told (``starved``)."""
+        account = starved_account(time.monotonic() - self.began, timeout, self.stall, self.ran)
+        return f"NOTE: the command was {account} This is the machine's load, not the command's doing."
+
+
+def _ticks_since_boot() -> int:
+    """Now, in the unit and from the origin of a process's start time (one tick earlier: a process started in the
+    same tick as the command counts as the command's)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * TICKS) - 1
+
+
+def _started_at(pid: int) -> int:
+    """When ``pid`` started, in ticks since boot (field 22 of ``/proc/<pid>/stat``); -1 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rpartition(b")")[2].split()
+        return int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return -1

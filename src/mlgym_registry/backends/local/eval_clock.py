@@ -95,16 +95,8 @@ class EvaluationClock:
         """Seconds the evaluation may still run at least; 0 or less when its time is up (``starved`` says whose
         fault that was)."""
         now = time.monotonic()
-        wall = now - self.began
-        limit = backstop(self.timeout)
-        if wall < self.timeout:
-            return self.timeout - wall  # the clock cannot be ahead of the wall: nothing to read yet
-        charged = wall - self.stalled(now)
-        if wall >= limit:
-            self.hit_backstop = charged < self.timeout
-            return 0.0
-        left = self.timeout - charged
-        return min(max(left, MIN_WAIT), limit - wall) if left > 0 else left
+        left, self.hit_backstop = time_left(now - self.began, self.timeout, lambda: self.stalled(now))
+        return left
 
     def starved(self) -> bool:
         """Whether the time ran out at the backstop with the evaluation's own clock still short: the machine's
@@ -113,13 +105,33 @@ class EvaluationClock:
 
     def starved_message(self) -> str:
         """What a starved evaluation's failure says."""
-        wall = time.monotonic() - self.began
         return (
-            f"the evaluation was stopped after {wall:.0f} seconds of wall time (its limit of {_seconds(self.timeout)} "
-            f"seconds counts only the time it could run): it waited {self.stall:.0f} seconds for a CPU that other "
-            f"work of this machine held, and used {self.ran:.1f} seconds of CPU. This is the machine's load, not the "
-            "submission's fault."
+            f"the evaluation was {starved_account(time.monotonic() - self.began, self.timeout, self.stall, self.ran)}"
+            " This is the machine's load, not the submission's fault."
         )
+
+
+def time_left(wall: float, timeout: float, stalled: Callable[[], float]) -> tuple[float, bool]:
+    """Seconds left of a limit of ``timeout`` after ``wall`` seconds, ``stalled()`` of them stalled (read only once
+    ``wall`` reaches ``timeout``): 0 or less when it is up; and whether it ended at the backstop with the clock still
+    short of ``timeout`` (starved: the machine's fault)."""
+    if wall < timeout:
+        return timeout - wall, False  # the clock cannot be ahead of the wall: nothing to read yet
+    charged = wall - stalled()
+    limit = backstop(timeout)
+    if wall >= limit:
+        return 0.0, charged < timeout
+    left = timeout - charged
+    return (min(max(left, MIN_WAIT), limit - wall) if left > 0 else left), False
+
+
+def starved_account(wall: float, timeout: float, stall: float, ran: float) -> str:
+    """How a run stopped at the backstop spent its ``wall`` seconds: ``stall`` waiting, ``ran`` of CPU."""
+    return (
+        f"stopped after {wall:.0f} seconds of wall time (its limit of {_seconds(timeout)} seconds counts only the "
+        f"time it could run): it waited {stall:.0f} seconds for a CPU that other work of this machine held, and used "
+        f"{ran:.1f} seconds of CPU."
+    )
 
 
 def stall_seconds(waited: float, wall: float, ran: float) -> float:

@@ -123,13 +123,24 @@ class ShellSession:
         """The shell's pid when a wrapper (the sandbox) started it, and the wrapper's own processes on the way."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline and self.proc.poll() is None:
-            if not self._sandboxed and procs.command_name(self.pid) == "bash":
-                return self.pid, set()  # the wrapper replaced itself with the shell (``unshare -n``)
-            chain = procs.first_descendant_named(self.pid, "bash")
-            if chain:
-                return chain[-1], set(chain[:-1]) | {self.pid}
+            found = self._look_for_shell()
+            if found is not None:
+                return found
             time.sleep(0.001)
         return self.pid, set()
+
+    def _look_for_shell(self) -> tuple[int, set[int]] | None:
+        """``_find_shell``'s answer if the shell runs now, else None."""
+        if not self._sandboxed and procs.command_name(self.pid) == "bash":
+            return self.pid, set()  # the wrapper replaced itself with the shell (``unshare -n``)
+        chain = procs.first_descendant_named(self.pid, "bash")
+        return (chain[-1], set(chain[:-1]) | {self.pid}) if chain else None
+
+    def _shell_if_running(self) -> int | None:
+        """The shell's pid if it runs now (found without waiting for it), else None."""
+        if self._shell is None:
+            self._shell = self._look_for_shell()
+        return self._shell[0] if self._shell is not None else None
 
     def _new_token(self) -> None:
         """A fresh end-of-command marker: one that an earlier command saw is worth nothing to forge the next."""
@@ -179,7 +190,9 @@ class ShellSession:
         """
         buffer = CappedBuffer(self.max_output_bytes)
         recent = b""
-        clock = CommandClock(self._meter)
+        # the shell if it runs yet (one that starts later is the command's), and at a deadline every process of the
+        # session: those started since the command began are the command's
+        clock = CommandClock(self._meter, self._shell_if_running(), lambda: self.processes() | {self.shell_pid})
         quiet_since, quiet_stall = clock.began, 0.0  # the no-output limit counts from the last output
         while True:
             left = clock.left(timeout)
@@ -196,8 +209,9 @@ class ShellSession:
                     if left > 0:  # it was not quiet: the reader was late
                         quiet_since, quiet_stall = time.monotonic(), clock.stall
                         continue
-                result = self._interrupt(buffer, recent, "total" if left <= 0 else "no_output")
-                result.starved_note = clock.starved_note() if clock.starved else ""
+                kind, limit = ("total", timeout) if left <= 0 else ("no_output", no_output_timeout)
+                result = self._interrupt(buffer, recent, kind)
+                result.starved_note = clock.starved_note(limit) if clock.starved else ""
                 return result
             writers = [self._in] if pending else []
             ready, writable, _ = select.select([self._fd], writers, [], min(left, quiet_left))
