@@ -193,8 +193,8 @@ class Envelope:
         return Usage(cpu, pressure, waits)
 
     def cpu_meter(self, name: str) -> CpuMeter | None:
-        """What counts the CPU the processes of the folders called ``name`` (``folder_name``) use and wait for
-        (``CpuMeter``); None without a unified hierarchy that counts waiting."""
+        """What counts the CPU the processes of the folders called ``name`` (``folder_name``) use (``CpuMeter``);
+        None without a unified hierarchy."""
         unified = self.roots.get("unified")
         if unified is None:
             return None
@@ -245,24 +245,18 @@ class Envelope:
 
 
 class CpuMeter:
-    """The CPU seconds the processes of one unified cgroup used and the seconds in which one of them waited for a CPU
-    (``cpu.stat`` ``usage_usec``, ``cpu.pressure`` ``some`` total; exited processes count), both cumulative, read
-    for every command's clock (``command_clock``): two raw reads of about 5 us each, where the parsed ``Path``
-    reads of ``Envelope.usage`` took 70 us, more than a whole ``echo`` step's share of it."""
+    """The CPU seconds the processes of one unified cgroup used so far (``cpu.stat`` ``usage_usec``: exited processes
+    count), read at the start of every command (``command_clock``): one raw read of about 11 us."""
 
     def __init__(self, folder: Path):
         self._stat = str(folder / "cpu.stat")
-        self._pressure = str(folder / "cpu.pressure")
 
-    def __call__(self) -> tuple[float, float] | None:
-        """``(cpu, waited)`` now, or None when either cannot be read."""
-        stat, pressure = _read_bytes(self._stat), _read_bytes(self._pressure)
-        # cpu.stat begins "usage_usec N\n"; cpu.pressure "some avg10=... total=N\n"
-        line_end = pressure.find(b"\n")
-        total = pressure.rfind(b"total=", 0, line_end)
-        if not stat.startswith(b"usage_usec ") or not pressure.startswith(b"some ") or total < 0:
+    def __call__(self) -> float | None:
+        """The seconds now, or None when they cannot be read."""
+        stat = _read_bytes(self._stat)  # it begins "usage_usec N\n"
+        if not stat.startswith(b"usage_usec "):
             return None
-        return int(stat[11:stat.index(b"\n")]) / 1e6, int(pressure[total + 6:line_end]) / 1e6
+        return int(stat[11:stat.index(b"\n")]) / 1e6
 
 
 NO_CPU_ENVELOPE = (

@@ -5,25 +5,22 @@ A limit of ``T`` seconds is measured on the command's clock, the wall time less 
 
     stall  = eval_clock.stall_seconds(waited, wall, ran)
     waited = the command's wait for a CPU, plus the run-queue wait of the thread that reads its output (a reader that
-             ran late must not make the command late). The command's wait is the larger of two lower bounds of the
-             time in which one of its processes waited: the longest run-queue wait (``/proc/<tid>/schedstat``) of a
-             thread of the shell or of a process started since the command began, and the shell cgroup's
-             ``cpu.pressure`` ``some`` total, which counts exited processes too but averages over the CPUs a process
-             moved between (a starved loop hopping over 2 busy cores showed two thirds of its wait there, all of it
-             in its schedstat)
-    ran    = the CPU time the shell's cgroup (everything the agent runs; without a cgroup, the threads above) and the
-             reading thread used
+             ran late must not make the command late). The command's wait is the longest run-queue wait
+             (``/proc/<tid>/schedstat``) of a thread of the shell or of a process started since the command began
+    ran    = the CPU time the shell's cgroup (everything the agent runs, exited processes included; without a
+             unified cgroup, the threads above) and the reading thread used
 
-What the agent left running before the command (background jobs) adds no wait of its own, and ``wall - ran`` bounds
-the stall as in ``eval_clock``: what the agent's processes kept waiting while its others held the CPUs is never a
-stall.
+What the agent left running before the command (background jobs) adds no wait: their waiting is not the command's.
+Nor does the cgroup's ``cpu.pressure``, which counts theirs too (and averages over the CPUs a process moves between:
+a starved loop hopping over 2 busy cores showed two thirds of its wait there). ``wall - ran`` bounds the stall as in
+``eval_clock``: what the agent's processes kept waiting while its others held the CPUs is never a stall.
 
 - The clock reaches ``T``: the command had its time, MLGym's timeout as before.
 - The wall-time backstop, ``eval_clock.backstop(T)``, ends it anyway: its clock is then still short of ``T``, the
   machine's load stopped it (``starved``), and its observation says so.
 
 A no-output limit counts from the command's last output. Before the wall time reaches a limit nothing but the
-command's start is read (four small files), so a command that ends in time costs that alone.
+command's start is read (three small files), so a command that ends in time costs that alone.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ from dataclasses import dataclass
 from .cgroups import process_threads, thread_times
 from .eval_clock import stall_seconds, starved_account, time_left
 
-Meter = Callable[[], tuple[float, float] | None]
-"""The CPU seconds the shell's processes used and the seconds in which one of them waited for a CPU, both
-cumulative; None when they cannot be read (``cgroups.CpuMeter``)."""
+Meter = Callable[[], float | None]
+"""The CPU seconds the shell's processes used so far; None when they cannot be read (``cgroups.CpuMeter``)."""
 
 TICKS = os.sysconf("SC_CLK_TCK")
 """The unit of a process's start time in ``/proc/<pid>/stat``, per second."""
@@ -47,7 +43,6 @@ TICKS = os.sysconf("SC_CLK_TCK")
 @dataclass(frozen=True)
 class _Reading:
     cpu: float  # the cgroup's CPU (metered) or the shell's, and the reading thread's
-    pressure: float  # the cgroup's cpu.pressure "some" total (0 without a meter)
     reader_wait: float
     shell_wait: float
     metered: bool
@@ -79,9 +74,8 @@ class CommandClock:
         reader_cpu, reader_waits = thread_times()
         shell_cpu, shell_waits = thread_times({self._shell}) if self._shell else (0.0, {})
         counted = self._meter() if self._meter is not None else None
-        cpu, pressure = counted if counted is not None else (shell_cpu, 0.0)
-        return _Reading(cpu + reader_cpu, pressure, sum(reader_waits.values()), sum(shell_waits.values()),
-                        counted is not None)
+        cpu = counted if counted is not None else shell_cpu
+        return _Reading(cpu + reader_cpu, sum(reader_waits.values()), sum(shell_waits.values()), counted is not None)
 
     def stalled(self, now: float) -> float:
         """Seconds the command stalled since it began."""
@@ -89,7 +83,7 @@ class CommandClock:
         if reading.metered != first.metered:  # the cgroup could not be read this time: the last reading stands
             return self.stall
         newcomers_cpu, newcomers_wait = self._newcomers()
-        own_wait = max(reading.shell_wait - first.shell_wait, newcomers_wait, reading.pressure - first.pressure)
+        own_wait = max(reading.shell_wait - first.shell_wait, newcomers_wait)
         waited = max(own_wait, 0.0) + max(reading.reader_wait - first.reader_wait, 0.0)
         self.ran = max(reading.cpu - first.cpu, 0.0) + (0.0 if reading.metered else newcomers_cpu)
         self.stall = max(self.stall, stall_seconds(waited, now - self.began, self.ran))

@@ -156,8 +156,8 @@ class Resources:
         return cgroup.members if cgroup is not None else None
 
     def cpu_meter(self, part: str) -> cgroups.CpuMeter | None:
-        """What counts the CPU a shell started now in ``part`` uses and waits for: its envelope folder's, whatever
-        part it plays later (``cgroups.CpuMeter``); None where nothing counts it."""
+        """What counts the CPU a shell started now in ``part`` uses: its envelope folder's, whatever part it plays
+        later (``cgroups.CpuMeter``); None where nothing counts it."""
         if self.envelope is None:
             return None
         return self.envelope.cpu_meter(self.envelope.folder_name(part))

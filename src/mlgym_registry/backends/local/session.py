@@ -63,8 +63,8 @@ class ShellSession:
         """Start the shell. ``sandboxed``: ``prefix`` starts a sandbox whose first process is the shell, so the shell
         is a descendant of the process started here (never that process itself), and every process of the session is
         a descendant too (the sandbox's PID namespace makes the shell the reaper of orphans). ``meter``: the CPU the
-        session's processes used and waited for, so that a command's time limits count only the time it could run
-        (``command_clock``; None: only this process's reading thread is counted)."""
+        session's processes used, for the clock that counts a command's time limits in the time it could run
+        (``command_clock``; None: the CPU of its live processes is counted instead)."""
         self._new_token()
         self._meter = meter
         self._sandboxed = sandboxed
