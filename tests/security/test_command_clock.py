@@ -39,14 +39,15 @@ def limited_backend(spec, tmp_path, **options):
                         **options)
 
 
-def test_a_command_the_machine_starves_is_given_its_time(mini_spec, tmp_path):
+@pytest.mark.parametrize("command", [COUNTING, f"bash -c {COUNTING!r}"], ids=["in the shell", "in a child"])
+def test_a_command_the_machine_starves_is_given_its_time(mini_spec, tmp_path, command):
     """Starved, the counting loop runs far past its wall-time limits and is not timed out: it had its time only
-    when it could run."""
+    when it could run. The shell runs it, or a process the command starts (whose wait is the command's)."""
     env = limited_backend(mini_spec, tmp_path)
     try:
         squeeze(env)
         started = time.monotonic()
-        observation, _, _, _ = env.step(COUNTING)
+        observation, _, _, _ = env.step(command)
         took = time.monotonic() - started
         assert f"counted {COUNT_TO}" in observation and "TIMED OUT" not in observation, observation
         assert took > LIMIT, f"{took:.1f} s: the squeeze did not starve the command, so this tested nothing"
