@@ -192,7 +192,7 @@ class ShellSession:
         recent = b""
         # the shell if it runs yet (one that starts later is the command's), and at a deadline every process of the
         # session: those started since the command began are the command's
-        clock = CommandClock(self._meter, self._shell_if_running(), lambda: self.processes() | {self.shell_pid})
+        clock = CommandClock(self._meter, self._shell_if_running, lambda: self.processes() | {self.shell_pid})
         quiet_since, quiet_stall = clock.began, 0.0  # the no-output limit counts from the last output
         while True:
             left = clock.left(timeout)
@@ -214,7 +214,8 @@ class ShellSession:
                 result.starved_note = clock.starved_note(limit) if clock.starved else ""
                 return result
             writers = [self._in] if pending else []
-            ready, writable, _ = select.select([self._fd], writers, [], min(left, quiet_left))
+            ready, writable, _ = select.select([self._fd], writers, [], min(left, quiet_left, clock.settles_in()))
+            clock.settle()
             if writable:
                 try:
                     pending = pending[os.write(self._in, pending[: 1 << 16]) :]
