@@ -246,7 +246,7 @@ class Envelope:
 
 class CpuMeter:
     """The CPU seconds the processes of one unified cgroup used so far (``cpu.stat`` ``usage_usec``: exited processes
-    count), read at the start of every command (``command_clock``): one raw read of about 11 us."""
+    count), read for the clock of a command that runs on (``command_clock``): one raw read of about 11 us."""
 
     def __init__(self, folder: Path):
         self._stat = str(folder / "cpu.stat")
