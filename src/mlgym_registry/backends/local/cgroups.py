@@ -28,6 +28,7 @@ import contextlib
 import functools
 import os
 import signal
+import threading
 import time
 import uuid
 import warnings
@@ -287,7 +288,7 @@ def thread_times(threads: set[int] | None = None) -> tuple[float, dict[int, floa
     cpu = 0
     waits: dict[int, float] = {}
     for tid in threads if threads is not None else [-1]:
-        fields = _read_bytes(f"/proc/{tid}/schedstat" if tid >= 0 else "/proc/thread-self/schedstat").split()
+        fields = (_read_bytes(f"/proc/{tid}/schedstat") if tid >= 0 else _own_schedstat()).split()
         if len(fields) >= 2:
             cpu += int(fields[0])
             waits[tid] = int(fields[1]) / 1e9
@@ -396,6 +397,33 @@ def _read(path: str | Path) -> str:
             return file.read()
     except OSError:
         return ""
+
+
+class _ThreadFile:
+    """A file descriptor that one thread keeps open, closed when the thread ends (its ``threading.local`` goes)."""
+
+    def __init__(self, path: str):
+        self.thread = threading.get_native_id()
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+_this_thread = threading.local()
+
+
+def _own_schedstat() -> bytes:
+    """The calling thread's ``/proc/thread-self/schedstat``, opened once per thread and read with ``pread`` (2 us,
+    where opening it each time cost 12 us of a 0.45 ms step: every command's clock reads it); empty when it cannot
+    be read."""
+    file = getattr(_this_thread, "schedstat", None)
+    try:
+        if file is None or file.thread != threading.get_native_id():  # a forked child's thread holds its parent's
+            file = _this_thread.schedstat = _ThreadFile("/proc/thread-self/schedstat")
+        return os.pread(file.fd, 256, 0)
+    except OSError:
+        return b""
 
 
 def _read_bytes(path: str) -> bytes:

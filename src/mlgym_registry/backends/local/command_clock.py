@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import procs
 from .cgroups import process_threads, thread_times
 from .eval_clock import stall_seconds, starved_account, time_left
 
@@ -120,7 +120,7 @@ class CommandClock:
         """The CPU the threads of the processes started since the command began used, and the longest wait of one."""
         if self._processes is None:
             return 0.0, 0.0
-        newcomers = {pid for pid in self._processes() if _started_at(pid) >= self._born}
+        newcomers = {pid for pid in self._processes() if procs.start_ticks(pid) >= self._born}
         cpu, waits = thread_times(process_threads(newcomers))
         return cpu, max(waits.values(), default=0.0)
 
@@ -139,49 +139,13 @@ class CommandClock:
         return f"NOTE: the command was {account} This is the machine's load, not the command's doing."
 
 
-class _ThreadFile:
-    """A file descriptor that one thread keeps open, closed when the thread ends (its ``threading.local`` goes)."""
-
-    def __init__(self, path: str):
-        self.thread = threading.get_native_id()
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-
-    def __del__(self) -> None:
-        os.close(self.fd)
-
-
-_this_thread = threading.local()
-
-
-def _own_schedstat() -> bytes:
-    """The calling thread's ``/proc/thread-self/schedstat``, opened once per thread and read with ``pread`` (2 us,
-    where opening it for every command cost 12 us of a 0.45 ms step)."""
-    file = getattr(_this_thread, "schedstat", None)
-    if file is None or file.thread != threading.get_native_id():  # a forked child's thread holds its parent's
-        file = _this_thread.schedstat = _ThreadFile("/proc/thread-self/schedstat")
-    return os.pread(file.fd, 256, 0)
-
-
 def _reader_times() -> tuple[float, float]:
-    """The calling thread's CPU and run-queue wait so far, in seconds (0 where they cannot be read)."""
-    try:
-        fields = _own_schedstat().split()
-        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0, 0.0
+    """The calling thread's CPU and run-queue wait so far, in seconds."""
+    cpu, waits = thread_times()
+    return cpu, sum(waits.values())
 
 
 def _ticks_since_boot() -> int:
     """Now, in the unit and from the origin of a process's start time (one tick earlier: a process started in the
     same tick as the command counts as the command's)."""
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * TICKS) - 1
-
-
-def _started_at(pid: int) -> int:
-    """When ``pid`` started, in ticks since boot (field 22 of ``/proc/<pid>/stat``); -1 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rpartition(b")")[2].split()
-        return int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return -1
