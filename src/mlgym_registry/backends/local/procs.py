@@ -149,6 +149,16 @@ def command_name(pid: int) -> str:
     return stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace")
 
 
+def start_ticks(pid: int) -> int:
+    """When ``pid`` started, in clock ticks since boot (field 22 of ``/proc/<pid>/stat``); -1 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        return int(stat[stat.rfind(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
 def signal_all(pids: Iterable[int], signum: int) -> None:
     """Send ``signum`` to every pid (gone ones are ignored)."""
     for pid in pids:
@@ -156,6 +166,17 @@ def signal_all(pids: Iterable[int], signum: int) -> None:
             os.kill(pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def wait_gone(pids: Iterable[int], within: float = END_WITHIN) -> bool:
+    """Wait until none of ``pids`` can run code (``alive``), at most ``within`` seconds; True when none can."""
+    waiting = set(pids)
+    deadline = time.monotonic() + within
+    while waiting := {pid for pid in waiting if alive(pid)}:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def kill_all(pids: Iterable[int]) -> None:
