@@ -601,7 +601,11 @@ def _stop_processes(resources: Resources) -> None:
     """Kill every process of the env's session, its shell too (``disk_guard``: the env is over its disk quota).
 
     The shell goes too because a loop of the command runs in the shell itself. Only signals are sent (from the
-    guard's thread): the driver sees the shell end and starts a new one, as after any shell that exits."""
+    guard's thread): the driver sees the shell end and starts a new one, as after any shell that exits. Returns once
+    they are gone (or after ``procs.END_WITHIN`` seconds), so that what they were still writing is on the disk when
+    the guard measures the env again."""
     session = resources.session
     if session is not None and session.alive:
-        procs.kill_all(session.processes() | {session.shell_pid})
+        victims = session.processes() | {session.shell_pid}
+        procs.kill_all(victims)
+        procs.wait_gone(victims)

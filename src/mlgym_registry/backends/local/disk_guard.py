@@ -79,8 +79,9 @@ def _run() -> None:
                 continue  # gone, or (should a fork have kept it) an env of the parent's: never this one's to stop
             try:
                 if quota.check():
-                    quota.exceeded_seen = True
+                    quota.exceeded_seen = True  # before the stop: the driver's observation of it says why
                     stop()
+                    quota.stopped()
             except Exception:  # noqa: BLE001 - one env's trouble must not end the guard of every other
                 continue
             finally:

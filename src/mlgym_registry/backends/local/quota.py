@@ -232,6 +232,20 @@ class DiskQuota:
         return True
 
 
+    def stopped(self) -> None:
+        """``disk_guard`` stopped the env's processes and they are gone: what they wrote until then is what the env
+        took when stopped (``stopped_at``), so that their last writes, landing after the measure that stopped them,
+        cannot stop the env's next shell too."""
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
+            self.stopped_at = max(self.stopped_at, self.usage())
+        except OSError:
+            pass
+        finally:
+            self.lock.release()
+
+
 WALK_PERIOD = 30.0
 """The longest ``DiskQuota.check`` goes without measuring the workspace."""
 
