@@ -2,8 +2,8 @@
 machine's load starves, or whose output this process reads late, is not timed out for it, while a command that uses
 its time (running, sleeping, or waiting behind the agent's own busy loops) is timed out as in MLGym.
 
-The starvation is the host's own squeeze (``helpers.squeeze``: the env's CPU weight lowered and its quota 1% of a
-core), and for the reader a cgroup of its own with 0.1% of a core: real starvation, measured by the real counters."""
+The starvation is the host's own squeeze (``helpers.squeeze``: the env's quota 1% of a core), and for the reader a
+cgroup of its own with 0.1% of a core: real starvation, measured by the real counters."""
 
 from __future__ import annotations
 
@@ -22,9 +22,11 @@ from .helpers import CFS_PERIOD_US, STARVED_QUOTA_US, open_backend, squeeze, sta
 pytestmark = [pytest.mark.security, pytest.mark.slow]
 
 LIMIT = 3
-"""The commands' time limits here, total and without output (seconds). Under the squeeze about a tenth of the
-wall time counts neither as running nor as waiting (the kernel's accounting of a throttled cgroup), so a starved
-command's clock still advances: the limit leaves room for the counting loop's ten seconds and more."""
+"""The commands' time limits here, total and without output (seconds). Under the squeeze a few percent of the wall
+time count neither as running nor as waiting (the kernel's accounting of a throttled cgroup), so a starved command's
+clock still advances: the limit leaves room for the counting loop's ten to twenty seconds. The squeeze is the quota
+alone, the env's weight kept: a weight lowered too made the loop's wall time, and so that share, grow with whatever
+else the machine ran."""
 
 COUNT_TO = 20_000
 """A bash loop to this count needs a few tenths of a second of CPU: at 1% of a core, ten seconds and more."""
@@ -45,7 +47,7 @@ def test_a_command_the_machine_starves_is_given_its_time(mini_spec, tmp_path, co
     when it could run. The shell runs it, or a process the command starts (whose wait is the command's)."""
     env = limited_backend(mini_spec, tmp_path)
     try:
-        squeeze(env)
+        squeeze(env, lowest_weight=False)
         started = time.monotonic()
         observation, _, _, _ = env.step(command)
         took = time.monotonic() - started
@@ -61,7 +63,7 @@ def test_a_starved_command_stopped_at_its_backstop_says_it_was_the_machine(mini_
     monkeypatch.setattr(eval_clock, "BACKSTOP_EXTRA", 0.0)  # a backstop of 4 x 3 s, not 4 x 3 + 60 s
     env = limited_backend(mini_spec, tmp_path)
     try:
-        squeeze(env)
+        squeeze(env, lowest_weight=False)
         observation, _, _, _ = env.step("while :; do :; done")
         assert "EXECUTION TIMED OUT BECAUSE THE COMMAND WAS RUNNING FOR MORE THAN 3 SECONDS" in observation
         assert "This is the machine's load, not the command's doing" in observation, observation
