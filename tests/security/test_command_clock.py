@@ -104,6 +104,35 @@ def test_a_command_that_uses_its_time_is_timed_out_as_in_mlgym(mini_spec, tmp_pa
         env.close()
 
 
+def test_a_silent_spinning_command_is_timed_out_by_its_total_limit_even_when_the_reader_runs_late(
+        mini_spec, tmp_path, monkeypatch):
+    """With both limits equal, a command that spins and prints nothing is timed out as running too long (MLGym's
+    order), however late the reading thread runs between its readings of the two limits: both are read at one time.
+    The lateness is a stand-in: the thread sleeps a second after every other reading of the counters (the first of
+    each pass's two). The env at half a core makes the clock pass its deadline in small steps, where two limits read
+    at different times could end in either order."""
+    from mlgym_registry.backends.local import command_clock
+
+    read = command_clock.CommandClock.stalled
+    readings = iter(range(1_000_000))
+
+    def late(self, now):
+        stall = read(self, now)
+        if next(readings) % 2 == 0:
+            time.sleep(1.0)  # the reading thread preempted after it read the counters
+        return stall
+
+    monkeypatch.setattr(command_clock.CommandClock, "stalled", late)
+    env = limited_backend(mini_spec, tmp_path)
+    try:
+        squeeze(env, CFS_PERIOD_US // 2, lowest_weight=False)
+        observation, _, _, _ = env.step("while :; do :; done")
+        assert "EXECUTION TIMED OUT BECAUSE THE COMMAND WAS RUNNING FOR MORE THAN 3 SECONDS" in observation, observation
+        assert "machine's load" not in observation, observation
+    finally:
+        env.close()
+
+
 READER_PERIOD_US = 1_000_000
 """The period of the reading thread's quota (the kernel's longest): ``STARVED_QUOTA_US`` in it is 0.1% of a core."""
 

@@ -124,10 +124,13 @@ class CommandClock:
         cpu, waits = thread_times(process_threads(newcomers))
         return cpu, max(waits.values(), default=0.0)
 
-    def left(self, timeout: float, since: float | None = None, stall_then: float = 0.0) -> float:
-        """Seconds left of a limit of ``timeout`` seconds counted from ``since`` (wall, ``time.monotonic``; default
-        the command's start), when ``stall_then`` seconds of stall had been read by then; 0 or less once it is up."""
-        now = time.monotonic()
+    def left(self, timeout: float, since: float | None = None, stall_then: float = 0.0,
+             now: float | None = None) -> float:
+        """Seconds left at ``now`` (``time.monotonic``; default: the present) of a limit of ``timeout`` seconds counted
+        from ``since`` (default: the command's start), when ``stall_then`` seconds of stall had been read by then; 0 or
+        less once it is up. Limits compared with each other must be read at one ``now``: read one after the other,
+        the later one could be up while the earlier was not, only because time passed between the two readings."""
+        now = time.monotonic() if now is None else now
         wall = now - (self.began if since is None else since)
         left, starved = time_left(wall, timeout, lambda: max(self.stalled(now) - stall_then, 0.0))
         self.starved = self.starved or starved

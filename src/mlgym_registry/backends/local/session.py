@@ -195,8 +195,9 @@ class ShellSession:
         clock = CommandClock(self._meter, self._shell_if_running, lambda: self.processes() | {self.shell_pid})
         quiet_since, quiet_stall = clock.began, 0.0  # the no-output limit counts from the last output
         while True:
-            left = clock.left(timeout)
-            quiet_left = clock.left(no_output_timeout, quiet_since, quiet_stall)
+            now = time.monotonic()  # one reading for both limits: with equal limits the total one is up first
+            left = clock.left(timeout, now=now)
+            quiet_left = clock.left(no_output_timeout, quiet_since, quiet_stall, now=now)
             if left <= 0 or quiet_left <= 0:
                 # this process may be the one that ran late: what the command printed in time is read first
                 data = self._ready_output()
