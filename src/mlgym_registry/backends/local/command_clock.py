@@ -73,6 +73,7 @@ class CommandClock:
         self._side_first: _ShellSide | None = None
         self.stall = 0.0
         """Seconds the command stalled since it began, as last read."""
+        self._stall_read_at: float | None = None
         self.ran = 0.0
         """CPU seconds it (and the reading thread) used, as last read."""
         self.starved = False
@@ -99,7 +100,10 @@ class CommandClock:
         return _ShellSide(cpu, sum(shell_waits.values()), counted is not None)
 
     def stalled(self, now: float) -> float:
-        """Seconds the command stalled since it began."""
+        """Seconds the command stalled since it began, as of ``now``: the counters are read once per ``now``, however
+        many limits are read at it."""
+        if now == self._stall_read_at:
+            return self.stall
         self.settle()
         first = self._side_first
         if first is None:
@@ -114,6 +118,7 @@ class CommandClock:
         self.ran = (max(side.cpu - first.cpu, 0.0) + (0.0 if side.metered else newcomers_cpu)
                     + max(reader_cpu - self._reader_first[0], 0.0))
         self.stall = max(self.stall, stall_seconds(waited, now - self.began, self.ran))
+        self._stall_read_at = now
         return self.stall
 
     def _newcomers(self) -> tuple[float, float]:

@@ -231,7 +231,6 @@ class DiskQuota:
         self.stopped_at = usage
         return True
 
-
     def stopped(self) -> None:
         """``disk_guard`` stopped the env's processes and they are gone: what they wrote until then is what the env
         took when stopped (``stopped_at``), so that their last writes, landing after the measure that stopped them,
