@@ -66,7 +66,8 @@ test: $(STAMP)
 	# (0.25 s of CPU of a 4.4 s fresh make on a 2-core machine). Not the files that are copied or shown to sandboxes
 	# as they are (tasks' files, the evaluation harness, the agent's tools): no __pycache__ may appear among them
 	@$(PY) -m compileall -q -x '/(tasks/data|backends/local/(harness|tools))/' src
-	# where the time went: the 15 slowest tests, then seconds per test file and the wall time (tests/conftest.py).
+	# where the time went: the 15 slowest tests, then seconds and CPU seconds per test file, the wall time and the
+	# CPU time of the tests, the background replays and the machine (tests/conftest.py, tests/cpu_accounts.py).
 	# pytest exits 5 when it collects no test: report it instead of failing the target on it
 	@start=$$(date +%s); $(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS); rc=$$?; \
 	echo "make test: pytest took $$(( $$(date +%s) - start )) s with $(PYTEST_WORKERS) workers (exit code $$rc)"; \

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import cli_commands
+import cpu_accounts
 import pytest
 from mlgym_fixtures import engine, mlgym_checkout, no_mlgym  # noqa: F401 - fixtures for every test module
 from outside_data import RECORDED
@@ -189,10 +190,16 @@ def pytest_xdist_node_collection_finished(node, ids):
         config.stash[REPLAY_POOL], _ = replays.start(paths, root)
 
 
+REPLAYS_CPU = pytest.StashKey[float]()
+"""The background replays' CPU seconds, once their pool has ended (for the time table)."""
+
+
 def pytest_sessionfinish(session):
     pool = session.config.stash.get(REPLAY_POOL, None)
     if pool is not None:  # every worker has ended, and with it every test waiting for a replay
-        pool.shutdown(wait=True, cancel_futures=True)
+        # ending the pool waits for its processes, which waited for theirs: their CPU time is counted here
+        session.config.stash[REPLAYS_CPU] = cpu_accounts.measured(
+            lambda: pool.shutdown(wait=True, cancel_futures=True))
 
 
 # ---- scheduling under pytest-xdist (make test: -n N --dist loadgroup) and where the time went --------------------
@@ -266,42 +273,66 @@ def pytest_collection_finish(session):
 
 
 class TimeTable:
-    """Where the time went: seconds per test file (setup, call and teardown of its tests, in whichever worker they
-    ran), printed at the end of the session with the wall time."""
+    """Where the time went, printed at the end of the session: per test file, its seconds (setup, call and teardown
+    of its tests, in whichever worker they ran) and its CPU seconds (``cpu_accounts``), the files that took the most
+    CPU first; then the wall time, and the CPU time of the tests, of the background replays and of the machine."""
 
-    def __init__(self, workers: int):
+    def __init__(self, config: pytest.Config, workers: int):
+        self.config = config
         self.workers = workers
         self.per_file: dict[str, float] = {}
+        self.cpu_per_file: dict[str, float] = {}
         self.started = time.monotonic()
+        self.machine_at_start = cpu_accounts.machine_cpu()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         path = report.nodeid.split("::", 1)[0]
         self.per_file[path] = self.per_file.get(path, 0.0) + report.duration
+        self.cpu_per_file[path] = self.cpu_per_file.get(path, 0.0) + cpu_accounts.report_cpu(report)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.per_file:
             return
         wall = time.monotonic() - self.started
         busy = sum(self.per_file.values())
-        ranked = sorted(self.per_file.items(), key=lambda pair: pair[1], reverse=True)
+        cpu = sum(self.cpu_per_file.values())
+        ranked = sorted(self.per_file, key=lambda path: (self.cpu_per_file[path], self.per_file[path]), reverse=True)
         write = terminalreporter.write_line
         terminalreporter.section("time per test file")
-        for path, seconds in ranked[:TOP_FILES]:
-            write(f"{seconds:8.1f} s  {path}")
+        for path in ranked[:TOP_FILES]:
+            write(f"{self.per_file[path]:8.1f} s {self.cpu_per_file[path]:7.1f} CPU-s  {path}")
         if len(ranked) > TOP_FILES:
-            write(f"{sum(seconds for _, seconds in ranked[TOP_FILES:]):8.1f} s  "
-                  f"the other {len(ranked) - TOP_FILES} files")
+            rest = ranked[TOP_FILES:]
+            write(f"{sum(self.per_file[p] for p in rest):8.1f} s {sum(self.cpu_per_file[p] for p in rest):7.1f} "
+                  f"CPU-s  the other {len(rest)} files")
         write(f"tests: {busy:.0f} s in all; session: {wall:.0f} s of wall time with {self.workers} worker(s), "
               f"{busy / max(wall, 1e-9):.1f} tests running at a time on average")
+        write(self.cpu_line(cpu))
+
+    def cpu_line(self, tests_cpu: float) -> str:
+        """The session's CPU time: the tests', the background replays' and the machine's, and how busy its cores
+        were (when they all were, the wall time is the CPU time over the cores, and more workers cannot shorten it)."""
+        parts = [f"CPU: tests {tests_cpu:.0f} CPU-s (their workers and the processes each waited for)"]
+        replays = self.config.stash.get(REPLAYS_CPU, None)
+        if replays is not None:
+            parts.append(f"background replays {replays:.0f}")
+        now = cpu_accounts.machine_cpu()
+        if now is not None and self.machine_at_start is not None:
+            busy = now.busy - self.machine_at_start.busy
+            total = now.total - self.machine_at_start.total
+            parts.append(f"the machine {busy:.0f} of its {os.cpu_count()} cores' {total:.0f} "
+                         f"({100 * busy / max(total, 1e-9):.0f}% busy)")
+        return ", ".join(parts)
 
 
 TOP_FILES = 15
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(cpu_accounts.CpuPerReport(), "mlgym-registry-cpu-per-report")
     if xdist_worker() is None:  # the controller (or a session without workers) gets every test's report
         workers = getattr(config.option, "numprocesses", None) or 1
-        config.pluginmanager.register(TimeTable(workers), "mlgym-registry-time-table")
+        config.pluginmanager.register(TimeTable(config, workers), "mlgym-registry-time-table")
 
 
 @pytest.fixture(scope="module")
