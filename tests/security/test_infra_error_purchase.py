@@ -317,6 +317,23 @@ def test_a_disk_filled_by_someone_else_is_an_infra_error(make, small_disk):
     assert state == "ok" and scores[-1] == honest, obs
 
 
+def test_a_command_that_took_the_env_over_its_quota_is_stopped_as_it_ends_so_the_next_action_runs(make, small_disk):
+    """However late the guard's thread looks (it is one thread of a driver on a busy machine), a command that ended
+    over the quota gets the quota's note itself, and the env's processes are stopped then: the agent's next action
+    runs in a new shell, never killed by a stop meant for the command before (under load a late guard killed the
+    shell running the agent's ``validate``, and the action was lost). Writing 24 MB takes a few hundredths of a
+    second, far less than the guard's half-second look: it is the command's end that finds the env over."""
+    env = make(workspace_dir=str(small_disk), max_disk_mb=16, max_file_mb=8)
+    obs, _ = status(env, "for i in 1 2 3; do head -c 8000000 /dev/zero > g$i.bin; done; echo written")
+    assert "disk quota of 16 MB" in obs, obs
+    assert status(env, "echo still here") == ("still here", 0)
+    obs, state, outcome, _ = validate_outcome(env)
+    assert (state, outcome) == ("invalid_submission", "failed"), obs
+    assert "shell session exited" not in obs, obs
+    status(env, "rm g*.bin")
+    assert validate_outcome(env)[1] == "ok"  # its own files were the trouble, and the env goes on
+
+
 def test_a_disk_the_agent_filled_is_its_own_failure(make, small_disk):
     """The agent fills the small disk in one go (faster than the disk guard looks, or stopped by it): either way its
     files take more than its quota, and the evaluation that finds the disk full is its failure."""

@@ -382,6 +382,8 @@ class LocalBackend:
         after = f"export LAST_ACTION={quote(input.strip())}" if set_last_action else ""
         quiet = no_output_timeout_duration if no_output_timeout_duration is not None else timeout_duration
         result = session.run(input, timeout_duration, quiet, after=after)
+        if disk_guard.enforce(self._disk, functools.partial(_stop_processes, self._res), periodic=False):
+            self._res.stop_session()  # over its quota when the command ended: the next command gets a new shell
         output = cap(result.output, self.max_output_chars)
         if result.timed_out:
             note = result.starved_note

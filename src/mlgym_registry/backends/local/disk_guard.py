@@ -3,10 +3,11 @@
 The quota (``quota.py``) is checked when an evaluation copies the workspace, but a command, or a process the agent
 left running in the background, can write between evaluations: at disk speed, for as long as the command's timeout.
 One thread per driver process looks at every env of the process twice a second (``DiskQuota.check``: a ``statvfs``
-call, and a walk of the workspace only when it may have gone over) and stops the processes of an env that is over
-its quota: every process of its session, the shell included (a loop of the command runs in the shell itself), so
-the command ends and the next one gets a new shell. The observation says why (``NOTE_OVER_QUOTA``). The files stay:
-the agent deletes what it does not need, and evaluations fail until then.
+call, and a walk of the workspace only when it may have gone over), and the driver looks at its env after each
+command (``enforce``). Either stops the processes of an env that is over its quota: every process of its session,
+the shell included (a loop of the command runs in the shell itself), so the command ends and the next one gets a new
+shell. The observation says why (``NOTE_OVER_QUOTA``). The files stay: the agent deletes what it does not need, and
+evaluations fail until then.
 """
 
 from __future__ import annotations
@@ -45,6 +46,21 @@ def watch(quota: DiskQuota, stop: Callable[[], None]) -> None:
             thread.start()
 
 
+def enforce(quota: DiskQuota, stop: Callable[[], None], *, periodic: bool = True) -> bool:
+    """Stop the env's processes (``stop()``) if ``quota.check(periodic)`` finds it over its quota; whether it did.
+    The guard's thread calls it twice a second, the driver after each command (``periodic=False``: a ``statvfs``
+    call unless the disk's free space fell), so that a command that took the env over is followed by the stop before
+    the next command starts, which a late guard would otherwise kill, losing the agent's action. One at a time per
+    env (``quota.enforcing``): when the driver's call returns, a stop the guard had begun is over too."""
+    with quota.enforcing:
+        if not quota.check(periodic=periodic):
+            return False
+        quota.exceeded_seen = True  # before the stop: the driver's observation of it says why
+        stop()
+        quota.stopped()
+        return True
+
+
 def unwatch(quota: DiskQuota) -> None:
     """Stop looking after ``quota`` (its env closed)."""
     unwatch_key(id(quota))
@@ -78,10 +94,7 @@ def _run() -> None:
             if quota is None or owner != os.getpid():
                 continue  # gone, or (should a fork have kept it) an env of the parent's: never this one's to stop
             try:
-                if quota.check():
-                    quota.exceeded_seen = True  # before the stop: the driver's observation of it says why
-                    stop()
-                    quota.stopped()
+                enforce(quota, stop)
             except Exception:  # noqa: BLE001 - one env's trouble must not end the guard of every other
                 continue
             finally:

@@ -90,6 +90,9 @@ class DiskQuota:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Held while the driver walks or changes the workspace (an evaluation's copy, a reset): ``check`` then waits
     for its next turn rather than walk it at the same time."""
+    enforcing: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Held while ``disk_guard.enforce`` checks the env and stops its processes: the guard's thread and the driver
+    (between two commands) never do it at the same time, so that once the driver's check ends, any stop is over."""
     exceeded_seen: bool = False
     """Set when ``disk_guard`` stopped the agent's processes for going over the quota (the next observation says so)."""
     stopped_at: int = 0
@@ -200,17 +203,21 @@ class DiskQuota:
         except OSError:
             return False
 
-    def check(self) -> bool:
+    def check(self, periodic: bool = True) -> bool:
         """Whether the env takes more than its quota now, and more than when it was last stopped for it (for
-        ``disk_guard``, from its thread; it then sets ``stopped_at``). The workspace is
-        walked only when it may be over: when the disk's free space fell by more than the env's room since the last
-        walk, and at least every ``WALK_PERIOD`` seconds (more rarely for a workspace whose walk takes long), so that
-        space others freed meanwhile cannot hide the env's growth for long. False while a copy or reset is under way.
-        """
+        ``disk_guard.enforce``; it then sets ``stopped_at``). The workspace is walked only when it may be over: when
+        the disk's free space fell by more than the env's room since the last walk, and, when ``periodic`` (the
+        guard's thread), at least every ``WALK_PERIOD`` seconds (more rarely for a workspace whose walk takes long),
+        so that space others freed meanwhile cannot hide the env's growth for long. Without ``periodic`` (the driver,
+        after each command) only that fall makes it walk (and the first check of all), which a ``statvfs`` call tells.
+        False while a copy or reset is under way."""
         free = _free_bytes(self.workspace)
         now = time.monotonic()
-        if free is not None and self._free_then is not None and self._free_then - free <= self._room and (
-                now < self._next_walk):
+        if free is None:
+            if not periodic:
+                return False  # the disk cannot say whether the env may be over: the guard's thread walks it in time
+        elif self._free_then is not None and self._free_then - free <= self._room and (
+                not periodic or now < self._next_walk):
             return False
         if not self.lock.acquire(blocking=False):
             return False
