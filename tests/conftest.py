@@ -223,7 +223,7 @@ def is_replay_check(item: pytest.Item) -> bool:
     """The tests that read the background replays' outcomes (they wait for them, so they run last)."""
     import background_replays as replays
 
-    return getattr(item, "originalname", None) == replays.TEST_NAME
+    return getattr(item, "originalname", None) in replays.CHECKS
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist appends the group names to the test ids
@@ -282,6 +282,7 @@ class TimeTable:
         self.workers = workers
         self.per_file: dict[str, float] = {}
         self.cpu_per_file: dict[str, float] = {}
+        self.session_end_cpu = 0.0
         self.started = time.monotonic()
         self.machine_at_start = cpu_accounts.machine_cpu()
 
@@ -289,6 +290,7 @@ class TimeTable:
         path = report.nodeid.split("::", 1)[0]
         self.per_file[path] = self.per_file.get(path, 0.0) + report.duration
         self.cpu_per_file[path] = self.cpu_per_file.get(path, 0.0) + cpu_accounts.report_cpu(report)
+        self.session_end_cpu += cpu_accounts.report_cpu(report, cpu_accounts.SESSION_END_PROPERTY)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.per_file:
@@ -312,7 +314,8 @@ class TimeTable:
     def cpu_line(self, tests_cpu: float) -> str:
         """The session's CPU time: the tests', the background replays' and the machine's, and how busy its cores
         were (when they all were, the wall time is the CPU time over the cores, and more workers cannot shorten it)."""
-        parts = [f"CPU: tests {tests_cpu:.0f} CPU-s (their workers and the processes each waited for)"]
+        parts = [f"CPU: tests {tests_cpu:.0f} CPU-s (their workers and the processes each waited for)",
+                 f"the session's end {self.session_end_cpu:.0f} (its fixtures and what they started)"]
         replays = self.config.stash.get(REPLAYS_CPU, None)
         if replays is not None:
             parts.append(f"background replays {replays:.0f}")

@@ -5,7 +5,8 @@ costs the session, where its wall seconds, stretched by whatever else runs, do n
 
 - each test's: its worker's own CPU time and that of the child processes the worker waited for (``getrusage``),
   from one report of the worker to the next. What a test leaves running (a Ray runtime, a server, a forkserver and
-  the processes it starts) is counted when it is waited for, and in no test when that is after the last one;
+  the processes it starts) is counted when it is waited for: in a later test, at the session's end (its last
+  teardown, counted apart), or nowhere when that is after the last report;
 - the background replays': the replay pool's processes, waited for when the session ends (``replays_cpu``);
 - the machine's (``/proc/stat``): everything that ran during the session, the suite's or not.
 """
@@ -21,6 +22,9 @@ import pytest
 
 CPU_PROPERTY = "cpu_seconds"
 """The name of the user property (``TestReport.user_properties``) that carries a report's CPU seconds."""
+SESSION_END_PROPERTY = "cpu_seconds_at_session_end"
+"""The user property that carries them instead for a worker's last teardown: the session's fixtures end there, and
+what they started (servers, forkservers, runtimes) is waited for, which is no test's cost."""
 
 
 def own_cpu() -> float:
@@ -65,10 +69,17 @@ def measured(action: Callable[[], object]) -> float:
 
 
 class CpuPerReport:
-    """In a worker: each report carries the CPU seconds since the previous one (``CPU_PROPERTY``)."""
+    """In a worker: each report carries the CPU seconds since the previous one (``CPU_PROPERTY``; the last teardown,
+    ``SESSION_END_PROPERTY``)."""
 
     def __init__(self) -> None:
         self.mark = own_cpu()
+        self.last = False
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):
+        self.last = nextitem is None
+        yield
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
@@ -78,10 +89,11 @@ class CpuPerReport:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         outcome = yield
         now = own_cpu()
-        outcome.get_result().user_properties.append((CPU_PROPERTY, now - self.mark))
+        name = SESSION_END_PROPERTY if self.last and call.when == "teardown" else CPU_PROPERTY
+        outcome.get_result().user_properties.append((name, now - self.mark))
         self.mark = now
 
 
-def report_cpu(report: pytest.TestReport) -> float:
-    """The CPU seconds ``report`` carries (0 for a report without them)."""
-    return sum(value for name, value in report.user_properties if name == CPU_PROPERTY)
+def report_cpu(report: pytest.TestReport, name: str = CPU_PROPERTY) -> float:
+    """The CPU seconds ``report`` carries under ``name`` (0 for a report without them)."""
+    return sum(value for key, value in report.user_properties if key == name)

@@ -46,30 +46,46 @@ def test_each_report_carries_the_cpu_its_phase_waited_for(tmp_path):
         def test_burns():
             subprocess.run([sys.executable, "-c", {BURN!r}], check=True)
 
-        def test_idles():
+        def test_idles(child_of_the_session):
             pass
     """))
-    (tmp_path / "conftest.py").write_text(textwrap.dedent("""
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
         import json
+        import subprocess
+        import sys
+
         import cpu_accounts
+        import pytest
+
+        BURN = {BURN!r}
 
         def pytest_configure(config):
             config.pluginmanager.register(cpu_accounts.CpuPerReport())
 
+        @pytest.fixture(scope="session")
+        def child_of_the_session():
+            child = subprocess.Popen([sys.executable, "-c", BURN])
+            yield
+            child.wait()
+
         def pytest_runtest_logreport(report):
             with open("reports.jsonl", "a") as file:
-                file.write(json.dumps([report.nodeid, report.when, cpu_accounts.report_cpu(report)]) + "\\n")
+                file.write(json.dumps([report.nodeid, report.when, cpu_accounts.report_cpu(report),
+                                       cpu_accounts.report_cpu(report, cpu_accounts.SESSION_END_PROPERTY)]) + "\\n")
     """))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-p", "no:xdist", "-c", os.devnull, "--rootdir", str(tmp_path), "test_inner.py"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    reports = {(nodeid.split("::")[-1], when): cpu for nodeid, when, cpu in
-               map(json.loads, (tmp_path / "reports.jsonl").read_text().splitlines())}
+    rows = [json.loads(line) for line in (tmp_path / "reports.jsonl").read_text().splitlines()]
+    reports = {(nodeid.split("::")[-1], when): cpu for nodeid, when, cpu, _ in rows}
+    session_end = sum(at_end for _, _, _, at_end in rows)
     assert len(reports) == 6  # setup, call and teardown of both
     assert reports["test_burns", "call"] > 0.05
     assert reports["test_burns", "call"] > 5 * reports["test_idles", "call"]
+    # the last teardown, where the session's fixtures end (and its child is waited for), is counted apart
+    assert reports["test_idles", "teardown"] == 0 and session_end > 0.05
 
 
 @pytest.mark.parametrize("properties, expected", [([], 0.0), ([("cpu_seconds", 1.5), ("other", 9)], 1.5)])
