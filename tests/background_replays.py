@@ -30,6 +30,9 @@ from mlgym_registry.records.trajectories import load_traj
 TEST_NAME = "test_every_recorded_mlgym_run_replays_and_is_reported"
 """The test that checks each replay."""
 
+CHECKS = (TEST_NAME, "test_the_replays_give_the_recorded_kind_of_observation_on_nearly_every_step")
+"""The tests that read the replays' outcomes, and so wait for them: the one per replay, then the one over them all."""
+
 EVALUATION_CAP = 3
 """Seconds an evaluation may take in these replays: a game's evaluation takes about 1 s here, while a replayed
 strategy that never ends costs the whole cap at every validate."""
