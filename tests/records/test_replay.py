@@ -120,12 +120,21 @@ def test_every_recorded_mlgym_run_replays_and_is_reported(path, recorded_replays
     assert load_traj(ours).steps
 
 
-MATCHING_SHARE = 0.92
-"""The share of the recorded runs' steps whose replay on our own tasks must give the recorded kind of observation:
-93.8% (603 of 643 steps of the 36 runs) on 2026-12-07. The others are our tasks' own design, not faults: the
-evaluation's files (``target.py``) are read-only, so edits MLGym let through are refused (``read_only_edit``) and the
-strategies that relied on them fail to validate; the sandbox has no network (``pip install`` times out). On MLGym's
-own tasks (an ``MLGYM_ROOT`` checkout) ``test_local_backend.py`` replays them too."""
+MATCHING_SHARE = 0.95
+"""The share of the recorded runs' steps whose replay on our own tasks must give the recorded kind of observation,
+the steps cut by the replays' evaluation cap left out: 96.1% (598 of 622 steps of the 36 runs) on an idle machine
+and 96.0% under the suite's load, on 2026-12-07. The others are our tasks' own design, not faults: the evaluation's
+files (``target.py``) are read-only, so edits MLGym let through are refused (``read_only_edit``) and the strategies
+that relied on them fail to validate; the sandbox has no network (``pip install`` times out). On MLGym's own tasks
+(an ``MLGYM_ROOT`` checkout) ``test_local_backend.py`` replays them too."""
+
+CAPPED = ("the evaluation did not finish within", "the evaluation ran out of time while")
+"""What our observation says of an evaluation that the replays' short cap (``background_replays.EVALUATION_CAP``)
+cut: MLGym's runs had far longer, so such a step tells nothing of the env (21 steps on an idle machine, 38 under the
+suite's load: numpy strategies that play 10,000 games slowly)."""
+
+CAPPED_SHARE = 0.10
+"""The most of the steps the cap may cut: an env whose every evaluation hung would hide its steps there."""
 
 
 @pytest.mark.slow
@@ -147,11 +156,15 @@ def test_the_replays_give_the_recorded_kind_of_observation_on_nearly_every_step(
     if not reports:
         pytest.skip("no recorded run of our tasks was replayed")
     steps = [(path, step) for path, report in reports.items() for step in report.steps]
+    counted = [(path, step) for path, step in steps if not any(text in step.our_observation for text in CAPPED)]
+    capped = len(steps) - len(counted)
+    assert capped <= CAPPED_SHARE * len(steps), f"{capped} of {len(steps)} steps hit the evaluation cap"
     others = [f"{path.parent.name}/{path.stem} step {step.index + 1}: recorded {step.recorded_kind}, "
-              f"ours {step.our_kind} ({step.action.strip()[:60]!r})" for path, step in steps if not step.same_kind]
-    share = 1 - len(others) / len(steps)
-    assert share >= MATCHING_SHARE, (f"{len(others)} of {len(steps)} steps of {len(reports)} runs got another kind "
-                                     f"of observation:\n" + "\n".join(others))
+              f"ours {step.our_kind} ({step.action.strip()[:60]!r})" for path, step in counted if not step.same_kind]
+    share = 1 - len(others) / len(counted)
+    assert share >= MATCHING_SHARE, (f"{len(others)} of {len(counted)} steps of {len(reports)} runs got another kind "
+                                     f"of observation ({capped} more hit the evaluation cap):\n"
+                                     + "\n".join(others))
 
 
 def test_several_runs_replay_in_parallel_jobs_and_report_in_the_order_given(tmp_path, capsys):
