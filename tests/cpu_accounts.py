@@ -1,13 +1,14 @@
 """The CPU time the suite used, for the time table (``conftest.py``).
 
 When the suite keeps every core busy, its wall time is its CPU time over the cores: a test's CPU seconds say what it
-costs the session, where its wall seconds, stretched by whatever else runs, do not. Three counts:
+costs the session, where its wall seconds, stretched by whatever else runs, do not. What is counted:
 
 - each test's: its worker's own CPU time and that of the child processes the worker waited for (``getrusage``),
   from one report of the worker to the next. What a test leaves running (a Ray runtime, a server, a forkserver and
-  the processes it starts) is counted when it is waited for: in a later test, at the session's end (its last
-  teardown, counted apart), or nowhere when that is after the last report;
-- the background replays': the replay pool's processes, waited for when the session ends (``replays_cpu``);
+  the processes it starts) is counted when it is waited for: in a later test, at the session's end (the worker's
+  last teardown, counted apart), or nowhere when that is after the last report;
+- the background replays': the replay pool's processes, waited for as the pool ends (``measured``, in
+  ``conftest.py``);
 - the machine's (``/proc/stat``): everything that ran during the session, the suite's or not.
 """
 
