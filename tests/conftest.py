@@ -312,8 +312,9 @@ class TimeTable:
         write(self.cpu_line(cpu))
 
     def cpu_line(self, tests_cpu: float) -> str:
-        """The session's CPU time: the tests', the background replays' and the machine's, and how busy its cores
-        were (when they all were, the wall time is the CPU time over the cores, and more workers cannot shorten it)."""
+        """The session's CPU time: the tests', the session's end's, the background replays' and the machine's, and
+        how busy its cores were (when they all were, the wall time is the CPU time over the cores, and more workers
+        cannot shorten it)."""
         parts = [f"CPU: tests {tests_cpu:.0f} CPU-s (their workers and the processes each waited for)",
                  f"the session's end {self.session_end_cpu:.0f} (its fixtures and what they started)"]
         replays = self.config.stash.get(REPLAYS_CPU, None)

@@ -172,7 +172,8 @@ class LocalBackend:
         self._files = WorkspaceFiles(spec, folders.workspace, folders.pristine, data_dir)
         self._disk = quota_mod.DiskQuota(self.max_disk_mb << 20, folders.workspace,
                                          outside=[folders.root / "hf-datasets"] if hub_views else [])
-        disk_guard.watch(self._disk, functools.partial(_stop_processes, self._res))
+        self._stop_over_quota = functools.partial(_stop_processes, self._res)
+        disk_guard.watch(self._disk, self._stop_over_quota)
         self._added: list[dict[str, str]] = []
         self._scores: list[Any] = []
 
@@ -382,7 +383,7 @@ class LocalBackend:
         after = f"export LAST_ACTION={quote(input.strip())}" if set_last_action else ""
         quiet = no_output_timeout_duration if no_output_timeout_duration is not None else timeout_duration
         result = session.run(input, timeout_duration, quiet, after=after)
-        if disk_guard.enforce(self._disk, functools.partial(_stop_processes, self._res), periodic=False):
+        if disk_guard.enforce(self._disk, self._stop_over_quota, periodic=False):
             self._res.stop_session()  # over its quota when the command ended: the next command gets a new shell
         output = cap(result.output, self.max_output_chars)
         if result.timed_out:
