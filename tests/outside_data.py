@@ -47,11 +47,12 @@ needs_recorded_runs = pytest.mark.skipif(not RECORDED, reason=missing_recorded_r
 """Mark a test that reads the recorded runs (it is skipped, with the reason above, when there are none)."""
 
 
-def recorded_run_params() -> list:
-    """``pytest.mark.parametrize`` values for a test run once per recorded run, with ids ``<task>/<run>``.
+def recorded_run_params(paths: list[Path] | None = None) -> list:
+    """``pytest.mark.parametrize`` values for a test run once per recorded run (of ``paths``, default all), with ids
+    ``<task>/<run>``.
 
     With no recorded runs there is one value, skipped with the reason above (pytest's own empty-parameter skip would
     hand fixtures a placeholder instead of a path, and say nothing of where the runs go)."""
     if not RECORDED:
         return [pytest.param(None, id="no-recorded-runs", marks=pytest.mark.skip(reason=missing_recorded_runs()))]
-    return [pytest.param(path, id=f"{path.parent.name}/{path.stem}") for path in RECORDED]
+    return [pytest.param(path, id=f"{path.parent.name}/{path.stem}") for path in (RECORDED if paths is None else paths)]

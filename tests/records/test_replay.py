@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from outside_data import RECORDED, recorded_run_params
+from background_replays import REPLAY_ALL_VARIABLE, covering_runs, replayed, step_classes
+from outside_data import RECORDED, needs_recorded_runs, recorded_run_params
 
 from mlgym_registry import TaskFilesMissing, TaskSpec, registry
 from mlgym_registry.cli import main as cli_main
@@ -90,6 +91,60 @@ def test_replay_works_on_a_task_registered_from_a_spec(tmp_path):
     assert report.task == "pdCopy" and report.our_exit_status == "submitted" and not report.warnings
 
 
+REPLAYED = replayed(RECORDED)
+"""The recorded runs the session replays: the fewest that hold every class of step the records hold
+(``background_replays.covering_runs``), or all of them with ``MLGYM_REPLAY_ALL=1``."""
+
+
+def write_classed_traj(path: Path, steps: list[tuple[str, str]]) -> Path:
+    """A .traj at ``path`` (``<task>/<run>.traj``) whose steps are these (action, observation) pairs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_traj(path, [(f"```\n{action}\n```", action) for action, _ in steps])
+    data = json.loads(path.read_text())
+    for step, (_, observation) in zip(data["trajectory"], steps, strict=True):
+        step["observation"] = observation
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_covering_runs_are_the_fewest_cheap_runs_that_hold_every_class_of_step(tmp_path):
+    window = "[File: /home/agent/workspace/strategy.py (3 lines total)]\n1:x"
+    score = "Your code produced a valid submission artefact at /w/target.py.\nBaseline Score: {}\nEvaluation Score: {}"
+    broad = write_classed_traj(tmp_path / "blotto" / "a_run0.traj",
+                               [("ls", "x"), ("open strategy.py", window), ("validate", score),
+                                ("submit", "Exited (submit)")])
+    # holds nothing the broad run does not
+    narrower = write_classed_traj(tmp_path / "blotto" / "a_run1.traj", [("ls", "y"), ("submit", "Exited (submit)")])
+    # the only run with a lint rejection: it must be replayed, however long
+    lint = "ERRORS:\n- E999 x\nThis is how your edit would have looked if applied\n"
+    rare = write_classed_traj(tmp_path / "blotto" / "b_run0.traj",
+                              [("ls", "z"), *[("validate", score)] * 5, ("edit 1:1\nx\nend_of_edit", lint)])
+    # the same classes as the broad one, at a higher cost (more evaluations)
+    dearer = write_classed_traj(tmp_path / "blotto" / "c_run0.traj",
+                                [("ls", "x"), ("open strategy.py", window), ("validate", score), ("validate", score),
+                                 ("submit", "Exited (submit)")])
+    # another task's steps are other classes
+    other = write_classed_traj(tmp_path / "prisonersDilemma" / "a_run0.traj", [("ls", "x")])
+    paths = [broad, narrower, rare, dearer, other]
+    chosen = covering_runs(paths)
+    assert sorted(chosen) == sorted([broad, rare, other])
+    assert set().union(*map(step_classes, chosen)) == set().union(*map(step_classes, paths))
+    assert ("blotto", "edit", "lint_rejection") in step_classes(rare)
+    assert ("blotto", "validate", "validate_score") in step_classes(broad)
+    assert covering_runs([]) == []
+
+
+@needs_recorded_runs
+def test_the_replayed_runs_hold_every_class_of_step_the_recorded_runs_hold(monkeypatch):
+    held = set().union(*map(step_classes, REPLAYED))
+    assert held == set().union(*map(step_classes, RECORDED))
+    assert {kind for _, _, kind in held} >= {"file_window", "validate_score", "validate_error", "submitted"}
+    if len(RECORDED) > 3:
+        assert len(REPLAYED) < len(RECORDED)
+    monkeypatch.setenv(REPLAY_ALL_VARIABLE, "1")
+    assert replayed(RECORDED) == RECORDED
+
+
 @pytest.fixture
 def recorded_replays(background_replays):
     """The session's replays of the recorded runs (``background_replays.py``), started with the session."""
@@ -98,8 +153,8 @@ def recorded_replays(background_replays):
 
 @pytest.mark.slow
 @pytest.mark.trajectories
-@pytest.mark.parametrize("path", recorded_run_params())
-def test_every_recorded_mlgym_run_replays_and_is_reported(path, recorded_replays):
+@pytest.mark.parametrize("path", recorded_run_params(REPLAYED))
+def test_each_replayed_mlgym_run_replays_and_is_reported(path, recorded_replays):
     recorded = load_traj(path)
     try:
         default_task(path, recorded.environment)
@@ -121,17 +176,19 @@ def test_every_recorded_mlgym_run_replays_and_is_reported(path, recorded_replays
 
 
 MATCHING_SHARE = 0.95
-"""The share of the recorded runs' steps whose replay on our own tasks must give the recorded kind of observation,
-the steps cut by the replays' evaluation cap left out: 96.1% (598 of 622 steps of the 36 runs) on an idle machine
-and 96.0% under the suite's load, on 2026-12-07. The others are our tasks' own design, not faults: the evaluation's
-files (``target.py``) are read-only, so edits MLGym let through are refused (``read_only_edit``) and the strategies
-that relied on them fail to validate; the sandbox has no network (``pip install`` times out). On MLGym's own tasks
-(an ``MLGYM_ROOT`` checkout) ``test_local_backend.py`` replays them too."""
+"""The share of the replayed runs' steps whose replay on our own tasks must give the recorded kind of observation,
+the steps cut by the replays' evaluation cap left out. Over the 13 runs the session replays: 97.9% (232 of 237 steps)
+on 2026-12-07; over all 36 (``MLGYM_REPLAY_ALL=1``): 96.1% (598 of 622) on an idle machine, 96.0% under the suite's
+load. The others are our tasks' own design, not faults: the evaluation's files (``target.py``) are read-only, so
+edits MLGym let through are refused (``read_only_edit``) and the strategies that relied on them fail to validate; the
+sandbox has no network (``pip install`` times out). On MLGym's own tasks (an ``MLGYM_ROOT`` checkout)
+``test_local_backend.py`` replays them too."""
 
 CAPPED = ("the evaluation did not finish within", "the evaluation ran out of time while")
 """What our observation says of an evaluation that the replays' short cap (``background_replays.EVALUATION_CAP``)
-cut: MLGym's runs had far longer, so such a step tells nothing of the env (21 steps on an idle machine, 38 under the
-suite's load: numpy strategies that play 10,000 games slowly)."""
+cut: MLGym's runs had far longer, so such a step tells nothing of the env (2 of the 239 steps of the 13 runs the
+session replays; over all 36, 21 steps on an idle machine and 38 under the suite's load: numpy strategies that play
+10,000 games slowly)."""
 
 CAPPED_SHARE = 0.10
 """The most of the steps the cap may cut: an env whose every evaluation hung would hide its steps there."""
@@ -143,8 +200,9 @@ def test_the_replays_give_the_recorded_kind_of_observation_on_nearly_every_step(
     """Over every recorded run replayed (the session's background replays), the steps whose observation is of the
     kind MLGym recorded: a change that breaks a kind of step shows here, though each run's own test (which checks its
     first step) passes."""
-    if set(recorded_replays) != set(RECORDED):
-        pytest.skip(f"the share is over all {len(RECORDED)} recorded runs, and {len(recorded_replays)} were selected")
+    if set(recorded_replays) != set(REPLAYED):
+        pytest.skip(f"the share is over the {len(REPLAYED)} runs the session replays, and {len(recorded_replays)} "
+                    "were selected")
     reports = {}
     for path, (_, outcome) in recorded_replays.items():
         if outcome is None:  # one of MLGym's other tasks, with no MLGym checkout here
