@@ -19,10 +19,10 @@ TORCH_VERSION ?= 2.13.0
 # the public index, `make venv TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu` avoids its CUDA packages
 TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test` (0: no workers, one process). The suite mostly waits on subprocesses, sandboxes
-# and evaluations, so more workers than cores pay: on 2 cores (shared with other work) 4 workers took 10.1 min where 3
-# took 12.3 (tests/conftest.py says how tests are handed out)
-PYTEST_WORKERS ?= 4
+# pytest-xdist workers for `make test` (0: no workers, one process). Its 2 cores stay busy through the run, so fewer
+# tests at once cost less CPU: on 2 cores, the same tree and hour, 3 workers took 854 s and 1,647 CPU-s where 4 took
+# 932 s and 1,840 (2026-12-07; docs/performance.md). tests/conftest.py says how tests are handed out
+PYTEST_WORKERS ?= 3
 
 .PHONY: venv demo test security lint bench clean
 
