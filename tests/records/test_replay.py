@@ -16,10 +16,13 @@ from mlgym_registry.records.observation_kinds import KINDS
 from mlgym_registry.records.trajectories import load_traj
 
 
-def write_traj(path: Path, responses: list[tuple[str, str]], environment: str = "mlgym_main") -> Path:
-    """A minimal MLGym .traj with these (response, action) steps."""
-    steps = [{"action": action, "observation": "", "response": response, "state": "{}", "thought": response,
-              "execution_time": 0.1} for response, action in responses]
+def write_traj(path: Path, responses: list[tuple[str, str]], environment: str = "mlgym_main",
+               observations: list[str] | None = None) -> Path:
+    """A minimal MLGym .traj with these (response, action) steps and their recorded ``observations`` (empty by
+    default)."""
+    observations = observations or [""] * len(responses)
+    steps = [{"action": action, "observation": observation, "response": response, "state": "{}", "thought": response,
+              "execution_time": 0.1} for (response, action), observation in zip(responses, observations, strict=True)]
     history = [{"role": "system", "content": "s", "agent": "primary"}]
     for step in steps:
         history += [{"role": "user", "content": "u", "agent": "primary"},
@@ -99,12 +102,8 @@ REPLAYED = replayed(RECORDED)
 def write_classed_traj(path: Path, steps: list[tuple[str, str]]) -> Path:
     """A .traj at ``path`` (``<task>/<run>.traj``) whose steps are these (action, observation) pairs."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_traj(path, [(f"```\n{action}\n```", action) for action, _ in steps])
-    data = json.loads(path.read_text())
-    for step, (_, observation) in zip(data["trajectory"], steps, strict=True):
-        step["observation"] = observation
-    path.write_text(json.dumps(data))
-    return path
+    return write_traj(path, [(f"```\n{action}\n```", action) for action, _ in steps],
+                      observations=[observation for _, observation in steps])
 
 
 def test_the_covering_runs_are_the_fewest_cheap_runs_that_hold_every_class_of_step(tmp_path):
