@@ -31,7 +31,17 @@ else the machine ran."""
 COUNT_TO = 20_000
 """A bash loop to this count needs a few tenths of a second of CPU: at 1% of a core, ten seconds and more."""
 
-COUNTING = f"i=0; while [ $i -lt {COUNT_TO} ]; do i=$((i+1)); done; echo counted $i"
+
+def counting(to: int = COUNT_TO) -> str:
+    """A bash loop that counts to ``to`` and says so."""
+    return f"i=0; while [ $i -lt {to} ]; do i=$((i+1)); done; echo counted $i"
+
+
+COUNTING = counting()
+CHILDREN = 3
+"""Children that count one after another, each to a third of ``COUNT_TO``: each is starved for seconds and ends, and
+its wait must count after it ended (a process that ends loses what it waited since the clock's last reading, a few
+tenths of a second: more children would leave the limit less room)."""
 
 
 def limited_backend(spec, tmp_path, **options):
@@ -41,17 +51,23 @@ def limited_backend(spec, tmp_path, **options):
                         **options)
 
 
-@pytest.mark.parametrize("command", [COUNTING, f"bash -c {COUNTING!r}"], ids=["in the shell", "in a child"])
-def test_a_command_the_machine_starves_is_given_its_time(mini_spec, tmp_path, command):
+@pytest.mark.parametrize("command, counted", [
+    (COUNTING, COUNT_TO),
+    (f"bash -c {COUNTING!r}", COUNT_TO),
+    (f"for _ in $(seq {CHILDREN}); do bash -c {counting(COUNT_TO // CHILDREN)!r}; done; echo all",
+     COUNT_TO // CHILDREN),
+], ids=["in the shell", "in a child", "in children one after another"])
+def test_a_command_the_machine_starves_is_given_its_time(mini_spec, tmp_path, command, counted):
     """Starved, the counting loop runs far past its wall-time limits and is not timed out: it had its time only
-    when it could run. The shell runs it, or a process the command starts (whose wait is the command's)."""
+    when it could run. The shell runs it, or a process the command starts (whose wait is the command's), or several
+    that end one after another (whose waits add up: what an ended process waited still counts)."""
     env = limited_backend(mini_spec, tmp_path)
     try:
         squeeze(env, lowest_weight=False)
         started = time.monotonic()
         observation, _, _, _ = env.step(command)
         took = time.monotonic() - started
-        assert f"counted {COUNT_TO}" in observation and "TIMED OUT" not in observation, observation
+        assert f"counted {counted}" in observation and "TIMED OUT" not in observation, observation
         assert took > LIMIT, f"{took:.1f} s: the squeeze did not starve the command, so this tested nothing"
     finally:
         env.close()

@@ -285,14 +285,19 @@ def warn_no_envelope() -> None:
 def thread_times(threads: set[int] | None = None) -> tuple[float, dict[int, float]]:
     """The CPU time of ``threads`` (thread ids; None: the calling thread) in all and the run-queue wait of each, in
     seconds, from ``/proc/<tid>/schedstat``."""
-    cpu = 0
-    waits: dict[int, float] = {}
+    each = each_thread_times(threads)
+    return sum(cpu for cpu, _ in each.values()), {tid: wait for tid, (_, wait) in each.items()}
+
+
+def each_thread_times(threads: set[int] | None = None) -> dict[int, tuple[float, float]]:
+    """The CPU time and the run-queue wait of each of ``threads`` that still runs (thread ids; None: the calling
+    thread, as -1), in seconds, from ``/proc/<tid>/schedstat``."""
+    each: dict[int, tuple[float, float]] = {}
     for tid in threads if threads is not None else [-1]:
         fields = (_read_bytes(f"/proc/{tid}/schedstat") if tid >= 0 else _own_schedstat()).split()
         if len(fields) >= 2:
-            cpu += int(fields[0])
-            waits[tid] = int(fields[1]) / 1e9
-    return cpu / 1e9, waits
+            each[tid] = (int(fields[0]) / 1e9, int(fields[1]) / 1e9)
+    return each
 
 
 def process_threads(pids: set[int]) -> set[int]:

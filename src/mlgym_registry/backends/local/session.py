@@ -215,8 +215,8 @@ class ShellSession:
                 result.starved_note = clock.starved_note(limit) if clock.starved else ""
                 return result
             writers = [self._in] if pending else []
-            ready, writable, _ = select.select([self._fd], writers, [], min(left, quiet_left, clock.settles_in()))
-            clock.settle()
+            ready, writable, _ = select.select([self._fd], writers, [], min(left, quiet_left, clock.due_in()))
+            clock.read_if_due()
             if writable:
                 try:
                     pending = pending[os.write(self._in, pending[: 1 << 16]) :]
