@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -277,16 +276,3 @@ def squeeze(env: LocalBackend, quota_us: int = STARVED_QUOTA_US, *, lowest_weigh
             (envelope.roots["unified"] / "cpu.weight").write_text("1")
         (envelope.roots["unified"] / "cpu.max").write_text(f"{quota_us} {CFS_PERIOD_US}")
 
-
-def cpu_hogs() -> list[subprocess.Popen]:
-    """Busy processes outside every env, four per core: the machine's load (``stop_hogs`` ends them)."""
-    from mlgym_registry.backends.local import cgroups
-
-    return [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4 * cgroups.CPUS)]
-
-
-def stop_hogs(hogs: list[subprocess.Popen]) -> None:
-    """End what ``starve`` started."""
-    for hog in hogs:
-        hog.kill()
-        hog.wait()

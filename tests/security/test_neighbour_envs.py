@@ -11,7 +11,6 @@ reset and close (psutil).
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from mlgym_registry import registry
 from mlgym_registry.backends.local import LocalBackend, cgroups, eval_clock
 
-from .helpers import SEED, cpu_hogs, open_backend, squeeze, status, stop_hogs, validate, write_file
+from .helpers import SEED, open_backend, squeeze, status, validate, write_file
 
 pytestmark = [pytest.mark.security, pytest.mark.slow]
 
@@ -297,14 +296,15 @@ def clock_figures(clocks: list[eval_clock.EvaluationClock], evaluation: dict[str
 
 
 def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path, monkeypatch):
-    """The machine's load (busy processes outside every env, and this env's CPU weight and quota lowered from the
-    host) leaves an honest evaluation no CPU: at the wall-time backstop it is the machine's failure, not the agent's.
+    """The host's squeeze (this env's CPU quota and weight lowered from the host: ``helpers.squeeze``) leaves an honest
+    evaluation no CPU: at the wall-time backstop it is the machine's failure, not the agent's. The kernel starves it
+    for real, and its clock reads the real counters; busy processes outside every env would add nothing to that but
+    two cores' worth of CPU taken from the rest of the suite.
 
     The starvation starts once the agent's ``validate`` command has asked for the evaluation, so that what reaches the
     backstop is the evaluation (a starved command has a clock of its own: ``test_command_clock.py``)."""
     monkeypatch.setattr(eval_clock, "BACKSTOP_EXTRA", 0.0)  # a backstop of 4 x 2 s, not 4 x 2 + 60 s
     env = open_backend(mini_spec.replace(training_timeout=2), workspace_dir=str(tmp_path))
-    hogs: list[subprocess.Popen] = []
     evaluation: dict[str, float] = {}
     evaluate = env._evaluate
     clocks = watched_clocks(monkeypatch)
@@ -312,7 +312,6 @@ def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path
     def starved_evaluate(info, action):
         # the evaluation cannot get the CPU it needs (about 0.2 s) before the backstop
         squeeze(env)
-        hogs.extend(cpu_hogs())
         started = time.monotonic()
         try:
             return evaluate(info, action)
@@ -331,7 +330,6 @@ def test_an_evaluation_the_machine_starves_is_an_infra_error(mini_spec, tmp_path
         took = evaluation["took"]
         assert eval_clock.backstop(2) <= took < eval_clock.backstop(2) + 30, took  # stopping starved processes
     finally:
-        stop_hogs(hogs)
         env.close()
 
 
