@@ -21,7 +21,8 @@ TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (0: no workers, one process). Its 2 cores stay busy through the run, so fewer
 # tests at once cost less CPU: on 2 cores, the same tree and hour, 3 workers took 854 s and 1,647 CPU-s where 4 took
-# 932 s and 1,840 (2026-12-07; docs/performance.md). tests/conftest.py says how tests are handed out
+# 932 s and 1,840 (2026-12-07; docs/performance.md). 2 workers spent less, 1,653 CPU-s, but left the cores idle while
+# tests waited (87% busy): 959 s. tests/conftest.py says how tests are handed out
 PYTEST_WORKERS ?= 3
 
 .PHONY: venv demo test security lint bench clean
